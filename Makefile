@@ -1,0 +1,29 @@
+# `make test` and `make demo` set up .venv on first use (offline-safe afterwards).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.keras-amp-installed
+PYTEST_ARGS ?=
+
+.PHONY: test demo doctor bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) examples/quickstart.py
+
+doctor: $(STAMP)
+	$(VENV)/bin/keras-amp doctor
+
+bench: $(STAMP)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache *.egg-info

@@ -1,0 +1,1 @@
+"""Float32-island layers."""

@@ -1,0 +1,1 @@
+"""Loss-scale optimizers."""

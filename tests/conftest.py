@@ -1,0 +1,24 @@
+"""Every test leaves the globals as it found them: dtype policy, TF32, keras_amp state, Keras session."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import keras_amp  # noqa: E402
+from keras_amp import policy as amp_policy  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def restore_globals():
+    saved_policy = keras.config.dtype_policy()
+    saved_tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
+    yield
+    keras_amp.disable()
+    assert amp_policy.config() is None
+    keras.config.set_dtype_policy(saved_policy)
+    tf.config.experimental.enable_tensor_float_32_execution(saved_tf32)
+    keras.backend.clear_session()
