@@ -14,8 +14,8 @@ import platform
 
 # CPU flags that matter for low-precision speed on x86 (Linux /proc/cpuinfo names).
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-FP16_CPU_FLAGS = ("avx512_fp16", "amx_fp16", "f16c")
-RELEVANT_CPU_FLAGS = BF16_CPU_FLAGS + FP16_CPU_FLAGS + ("avx512f", "amx_tile", "avx2", "fma")
+FP16_CPU_FLAGS = ("avx512_fp16", "amx_fp16")
+RELEVANT_CPU_FLAGS = BF16_CPU_FLAGS + FP16_CPU_FLAGS + ("avx512f", "amx_tile", "avx2", "fma", "f16c")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,144 @@
+"""The Keras 3.15 fix that makes `model.fit` work under `MultiWorkerMirroredStrategy`.
+
+Two defects in `keras/src/backend/tensorflow/trainer.py` (Keras 3.15.1, TF 2.21), both only on the
+multi-worker path (`_collective_all_reduce_multi_worker(strategy)` is True):
+
+1. `TensorFlowTrainer._maybe_symbolic_build` takes the first batch and reduces it with
+   `strategy.reduce("MEAN", batch, axis=None)` just to get its shapes. The collective reducer
+   cannot take a nested `PerReplica` structure and fit dies with
+   "Attempt to convert a value (PerReplica:{...}) ... to a Tensor". Fix: symbolic build needs
+   only shapes and dtypes, so use this worker's first local replica batch (no collective at all).
+2. `reduce_per_replica(..., reduction="auto"|"mean")` calls `strategy.reduce("MEAN", v, axis=0)`
+   on every log value; the logs are scalars, so the first train step dies with
+   "Invalid reduction dimension 0 for input with 0 dimensions". Fix: reduce across replicas only
+   (`axis=None`), which is what the single-worker branch of the same function computes
+   (`tf.reduce_mean(local_results, axis=0)` over the stacked replicas).
+
+Both replacements delegate to the original Keras function on every other path, so single-worker,
+MirroredStrategy, TPU, "concat" and "sum" behaviour is untouched. The fix is installed only for
+Keras 3.15.x and only when the original sources are the ones it was written against; a guard
+test (tests/test_keras_guards_distribute.py) fails when Keras changes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import threading
+import warnings
+
+import keras
+from absl import logging
+from keras.src import tree
+from keras.src.backend.tensorflow import trainer as tf_trainer
+
+from keras_amp.policy import AmpWarning
+
+TARGET_KERAS = "3.15."
+# sha256 of `inspect.getsource()` of the patched functions in Keras 3.15.1.
+ORIGINAL_SOURCE_SHA256 = {
+    "TensorFlowTrainer._maybe_symbolic_build": "92a504f5eba9b29f81f1bf26180bdd5bf5186b06b7bda426534b90d2d02bc1c2",
+    "reduce_per_replica": "2e7d54b1e6edc29a8c6a7e6b66cd4c8be3ba7842412c93753ac3afe169fa7fb8",
+}
+
+_ORIGINAL_BUILD = tf_trainer.TensorFlowTrainer._maybe_symbolic_build
+_ORIGINAL_REDUCE = tf_trainer.reduce_per_replica
+_lock = threading.Lock()
+_installed = False
+
+
+def source_sha256() -> dict[str, str]:
+    """sha256 of the original Keras sources this fix replaces, as installed now."""
+    return {
+        "TensorFlowTrainer._maybe_symbolic_build": hashlib.sha256(
+            inspect.getsource(_ORIGINAL_BUILD).encode("utf-8")
+        ).hexdigest(),
+        "reduce_per_replica": hashlib.sha256(inspect.getsource(_ORIGINAL_REDUCE).encode("utf-8")).hexdigest(),
+    }
+
+
+def _multi_worker(strategy) -> bool:
+    return strategy is not None and tf_trainer._collective_all_reduce_multi_worker(strategy)
+
+
+def fixed_maybe_symbolic_build(self, iterator=None, data_batch=None):
+    """`TensorFlowTrainer._maybe_symbolic_build` that builds from a local batch on multi-worker."""
+    strategy = self._distribute_strategy
+    if iterator is None or not _multi_worker(strategy):
+        _ORIGINAL_BUILD(self, iterator=iterator, data_batch=data_batch)
+    else:
+        for _, _, it in iterator:
+            batch = next(it)
+            break
+        # Only shapes and dtypes matter here; every replica's batch has the same ones.
+        data_batch = tree.map_structure(lambda v: strategy.experimental_local_results(v)[0], batch)
+        _ORIGINAL_BUILD(self, data_batch=data_batch)
+    if _multi_worker(strategy) and getattr(strategy, "_keras_amp_verify_at_fit", False):
+        # Every worker reaches this point once per fit()/evaluate() with the model and optimizer
+        # built: the first place where the per-layer policies and loss-scale config can be compared.
+        from keras_amp.distribute.verify import verify
+
+        verify(strategy, model=self, optimizer=getattr(self, "optimizer", None))
+
+
+def fixed_reduce_per_replica(values, strategy, reduction):
+    """`reduce_per_replica` whose multi-worker "mean" reduces across replicas only (axis=None)."""
+    if reduction == "auto" and not isinstance(strategy, tf_trainer.tf.distribute.TPUStrategy):
+        reduction = "mean"
+    if reduction == "mean" and _multi_worker(strategy):
+        return tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
+    return _ORIGINAL_REDUCE(values, strategy, reduction)
+
+
+def fit_fix_needed() -> tuple[bool, str]:
+    """Whether this Keras is the one the fix targets, and why not when it is not."""
+    if not keras.__version__.startswith(TARGET_KERAS):
+        return False, (
+            f"keras_amp's multi-worker fit fix targets Keras {TARGET_KERAS}x; Keras {keras.__version__} "
+            "is installed. Check whether fit under MultiWorkerMirroredStrategy works without it "
+            "(tests/test_keras_guards_distribute.py) and update keras_amp.distribute.trainer_fix."
+        )
+    found = source_sha256()
+    changed = sorted(k for k, v in ORIGINAL_SOURCE_SHA256.items() if found[k] != v)
+    if changed:
+        return False, (
+            f"Keras {keras.__version__} changed {', '.join(changed)} since the multi-worker fit fix "
+            "was written against 3.15.1; the fix is not installed."
+        )
+    return True, ""
+
+
+def install_fit_fix() -> bool:
+    """Installs the multi-worker fit fix; returns whether it is installed (idempotent).
+
+    Only for Keras 3.15.x with unchanged sources; otherwise warns (`AmpWarning`) and leaves Keras
+    alone, since a fix written for other code could be wrong there.
+    """
+    global _installed
+    with _lock:
+        if _installed:
+            return True
+        needed, why = fit_fix_needed()
+        if not needed:
+            warnings.warn(why, AmpWarning, stacklevel=2)
+            return False
+        tf_trainer.TensorFlowTrainer._maybe_symbolic_build = fixed_maybe_symbolic_build
+        # `_make_function` looks `reduce_per_replica` up in the module globals when it traces.
+        tf_trainer.reduce_per_replica = fixed_reduce_per_replica
+        _installed = True
+    logging.info("keras_amp: installed the Keras %s MultiWorkerMirroredStrategy fit fix", keras.__version__)
+    return True
+
+
+def uninstall_fit_fix() -> None:
+    """Restores the original Keras functions (for tests)."""
+    global _installed
+    with _lock:
+        tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _ORIGINAL_BUILD
+        tf_trainer.reduce_per_replica = _ORIGINAL_REDUCE
+        _installed = False
+
+
+def fit_fix_installed() -> bool:
+    """Whether `install_fit_fix()` is in effect."""
+    return _installed and tf_trainer.reduce_per_replica is fixed_reduce_per_replica
