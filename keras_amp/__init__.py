@@ -3,6 +3,7 @@
     keras_amp.enable()            # before building the model: picks bf16/fp16/fp32 by hardware
 """
 
+from keras_amp import layers, losses
 from keras_amp.hardware import DeviceInfo, GpuInfo
 from keras_amp.policy import AmpConfig, AmpWarning, config, disable, enable
 
@@ -17,4 +18,6 @@ __all__ = [
     "config",
     "disable",
     "enable",
+    "layers",
+    "losses",
 ]

@@ -3,6 +3,9 @@
 import keras
 from keras import ops
 
+# No public API reads a variable without autocasting (Keras 3.15.1).
+from keras.src.backend import AutocastScope
+
 _COMPUTE = "compute"
 
 
@@ -43,6 +46,17 @@ def _is_float(x):
 def to_float32(x):
     """Casts a floating tensor to float32; leaves integer/bool tensors and None alone."""
     return ops.cast(x, "float32") if _is_float(x) else x
+
+
+def float32_value(variable):
+    """The float32 value of a float32 variable, never autocast.
+
+    `autocast=False` on a layer does not stop Keras from opening a compute-dtype
+    `AutocastScope` when a mixed-policy layer is called outside any model, so
+    islands read their weights and state variables through this.
+    """
+    with AutocastScope(None):
+        return ops.cast(variable.value, "float32")
 
 
 def _cast_floats(structure, dtype):

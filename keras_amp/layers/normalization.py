@@ -16,7 +16,7 @@ differs only in dtype handling, written against Keras 3.15.1:
 import keras
 from keras import ops
 
-from keras_amp.layers.float32 import to_float32
+from keras_amp.layers.float32 import float32_value, to_float32
 
 # Shared why-comment for the four classes below: inputs are cast to float32 and
 # `autocast=False`, because the mean/variance of activations near 1e4 need
@@ -113,8 +113,11 @@ class RMSNormalization(keras.layers.RMSNormalization):
         self.autocast = False  # float32 island, see module comment
 
     def call(self, x):
-        # With autocast off, `self.scale` reads as its float32 variable.
+        # Stock reads `scale` autocast to the compute dtype; read it as float32.
         outputs = ops.rms_normalization(
-            to_float32(x), scale=self.scale, axis=self.axis, epsilon=self.epsilon
+            to_float32(x),
+            scale=float32_value(self.scale),
+            axis=self.axis,
+            epsilon=self.epsilon,
         )
         return ops.cast(outputs, self.compute_dtype)

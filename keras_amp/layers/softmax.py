@@ -48,7 +48,15 @@ class Softmax(keras.layers.Softmax):
         # exp() and the normaliser overflow float16, and bfloat16's 8-bit
         # mantissa loses small probabilities: the whole softmax runs in float32.
         # With float32 logits the stock layer masks with -1e9, which float32 holds.
-        outputs = super().call(to_float32(inputs), mask=mask)
+        inputs = to_float32(inputs)
+        if isinstance(self.axis, (tuple, list)) and len(self.axis) > 1:
+            # Stock uses exp(x - logsumexp(x)) over several axes: for logits near
+            # 1e4 that subtraction loses ~5e-4 even in float32. Shifting by the
+            # max first (softmax is shift-invariant) keeps it exact.
+            inputs = inputs - ops.stop_gradient(
+                ops.max(inputs, axis=tuple(self.axis), keepdims=True)
+            )
+        outputs = super().call(inputs, mask=mask)
         return ops.cast(outputs, self._output_dtype())
 
     def compute_output_spec(self, inputs, mask=None):

@@ -1,0 +1,211 @@
+"""LSTM/GRU: float32 gates and carried state vs a float64 NumPy loop; stock float16/bfloat16 drift."""
+
+import hashlib
+import inspect
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_amp.layers import GRU, LSTM
+from keras_amp.layers import recurrent
+from tests.layers.conftest import MIXED, np64, sigmoid, u
+
+UNITS = 4
+T = 150
+
+
+def _inputs():
+    rng = np.random.default_rng(0)
+    return (0.1 * rng.standard_normal((2, T, 3))).astype("float32")
+
+
+def _make(cls, **kwargs):
+    """Gates driven by float32 biases so 1 - f (LSTM) / 1 - z (GRU) is small: the
+    state integrates over ~1/(1 - f) steps, where float16/bfloat16 rounding piles up."""
+    layer = cls(
+        UNITS,
+        return_state=True,
+        kernel_initializer=keras.initializers.RandomNormal(stddev=0.1, seed=1),
+        recurrent_initializer=keras.initializers.RandomNormal(stddev=0.1, seed=2),
+        **kwargs,
+    )
+    layer.build((2, T, 3))
+    if isinstance(layer, keras.layers.LSTM):  # gate order i, f, c, o; f = sigmoid(6) = 0.9975
+        bias = np.concatenate([np.full(UNITS, 2.0), np.full(UNITS, 6.0), np.full(UNITS, 1.0), np.zeros(UNITS)])
+    else:  # row 0 input bias z, r, h; z = sigmoid(4) = 0.982
+        bias = np.zeros((2, 3 * UNITS))
+        bias[0, :UNITS] = 4.0
+        bias[0, 2 * UNITS :] = 1.0
+    layer.cell.bias.assign(bias.astype("float32"))
+    return layer
+
+
+def ref_lstm(x, cell, h=None, c=None):
+    k, rk, b = np64(cell.kernel), np64(cell.recurrent_kernel), np64(cell.bias)
+    h = np.zeros((x.shape[0], UNITS)) if h is None else h
+    c = np.zeros((x.shape[0], UNITS)) if c is None else c
+    outputs = []
+    for t in range(x.shape[1]):
+        i, f, g, o = np.split(x[:, t] @ k + h @ rk + b, 4, axis=-1)
+        c = sigmoid(f) * c + sigmoid(i) * np.tanh(g)
+        h = sigmoid(o) * np.tanh(c)
+        outputs.append(h)
+    return np.stack(outputs, 1), h, c
+
+
+def ref_gru(x, cell, h=None):
+    k, rk, b = np64(cell.kernel), np64(cell.recurrent_kernel), np64(cell.bias)
+    h = np.zeros((x.shape[0], UNITS)) if h is None else h
+    n = UNITS
+    outputs = []
+    for t in range(x.shape[1]):
+        xz, hz = x[:, t] @ k + b[0], h @ rk + b[1]
+        z = sigmoid(xz[:, :n] + hz[:, :n])
+        r = sigmoid(xz[:, n : 2 * n] + hz[:, n : 2 * n])
+        hh = np.tanh(xz[:, 2 * n :] + r * hz[:, 2 * n :])
+        h = z * h + (1 - z) * hh
+        outputs.append(h)
+    return np.stack(outputs, 1), h
+
+
+def _tol(policy_name):
+    # Input/recurrent matmuls run in the compute dtype (relative error ~u on
+    # pre-activations of size ~0.1); everything after is float32.
+    return 2e-6 + u(policy_name) / 2
+
+
+def test_lstm_cell_state_matches_float64(policy):
+    x = _inputs()
+    layer = _make(LSTM)
+    _, h, c = layer(x)
+    _, ref_h, ref_c = ref_lstm(np64(x), layer.cell)
+    assert np.abs(ref_c).max() > 50  # guard: c is large, float16 spacing there is >= 0.03
+    rel = np.max(np.abs(np64(c) - ref_c) / np.abs(ref_c))
+    assert rel < _tol(policy), rel
+    # h is returned in the compute dtype: one rounding on top.
+    np.testing.assert_allclose(np64(h), ref_h, atol=2 * u(policy) + 1e-5)
+
+
+@pytest.mark.parametrize("p", MIXED, ids=lambda p: p)
+def test_stock_lstm_cell_state_drifts_ours_holds(p):
+    keras.config.set_dtype_policy(p)
+    x = _inputs()
+    stock, ours = _make(keras.layers.LSTM), _make(LSTM)
+    ours.set_weights(stock.get_weights())  # same weight layout as stock
+    ref_c = ref_lstm(np64(x), stock.cell)[2]
+    rel = lambda c: np.max(np.abs(np64(c) - ref_c) / np.abs(ref_c))  # noqa: E731
+    stock_rel, ours_rel = rel(stock(x)[2]), rel(ours(x)[2])
+    assert stock_rel > 10 * _tol(p), stock_rel  # measured 1.6e-2 (float16), 0.18 (bfloat16)
+    assert ours_rel < _tol(p), ours_rel
+
+
+def test_gru_state_matches_float64(policy):
+    x = _inputs()
+    layer = _make(GRU)
+    out, h = layer(x)
+    _, ref_h = ref_gru(np64(x), layer.cell)
+    assert np.max(np.abs(np64(h) - ref_h)) < _tol(policy)
+    np.testing.assert_allclose(np64(out), ref_h, atol=2 * u(policy) + 1e-5)
+
+
+@pytest.mark.parametrize("p", MIXED, ids=lambda p: p)
+def test_stock_gru_state_stalls_ours_holds(p):
+    keras.config.set_dtype_policy(p)
+    x = _inputs()
+    stock, ours = _make(keras.layers.GRU), _make(GRU)
+    ours.set_weights(stock.get_weights())
+    ref_h = ref_gru(np64(x), stock.cell)[1]
+    stock_err = np.max(np.abs(np64(stock(x)[1]) - ref_h))
+    ours_err = np.max(np.abs(np64(ours(x)[1]) - ref_h))
+    assert stock_err > 4 * _tol(p), stock_err  # measured 2.1e-3 (float16), 0.10 (bfloat16)
+    assert ours_err < _tol(p), ours_err
+
+
+@pytest.mark.parametrize("cls", [LSTM, GRU], ids=["LSTM", "GRU"])
+def test_dtypes(policy, cls):
+    layer = cls(UNITS, return_sequences=True, return_state=True)
+    outputs = layer(_inputs()[:, :5])
+    cdt = keras.dtype_policies.get(policy).compute_dtype
+    expected = [cdt, cdt, "float32"] if cls is LSTM else [cdt, "float32"]
+    assert [keras.backend.standardize_dtype(o.dtype) for o in outputs] == expected
+    assert all(w.dtype == "float32" for w in layer.weights)
+    # Symbolic (functional) outputs carry the same dtypes.
+    symbolic = cls(UNITS, return_state=True)(keras.Input((5, 3)))
+    assert [o.dtype for o in symbolic][1:] == expected[1:]
+
+
+@pytest.mark.parametrize("cls", [LSTM, GRU], ids=["LSTM", "GRU"])
+def test_stateful_equals_one_long_sequence(policy, cls):
+    x = _inputs()[:, :40]
+    whole = _make(cls)
+    stateful = _make(cls, stateful=True)
+    stateful.set_weights(whole.get_weights())
+    expected = whole(x)[-1]
+    stateful(x[:, :20])
+    got = stateful(x[:, 20:])[-1]
+    # The carried state is float32 between calls too, so splitting the
+    # sequence changes nothing beyond float32 rounding.
+    np.testing.assert_allclose(np64(got), np64(expected), rtol=1e-6, atol=1e-6)
+    assert all(v.dtype == "float32" for v in stateful.states)
+    stateful.reset_state()
+    assert all(np.all(np64(v) == 0) for v in stateful.states)
+
+
+@pytest.mark.parametrize("cls", [LSTM, GRU], ids=["LSTM", "GRU"])
+def test_gradients_match_float32(mixed_policy, cls):
+    x = tf.constant(_inputs()[:, :30])
+    layers = {}
+    for p in ("float32", mixed_policy):
+        layers[p] = _make(cls, dtype=p)
+    layers[mixed_policy].set_weights(layers["float32"].get_weights())
+    grads = {}
+    for p, layer in layers.items():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.cast(layer(x)[-1], "float32"))
+        grads[p] = tape.gradient(loss, layer.trainable_variables)
+    for g32, gm in zip(grads["float32"], grads[mixed_policy]):
+        scale = np.abs(np64(g32)).max()
+        # Backward matmuls in the compute dtype: error ~ a few u of the largest gradient.
+        np.testing.assert_allclose(np64(gm), np64(g32), atol=8 * u(mixed_policy) * scale)
+
+
+def test_recurrent_dropout_paths_run(mixed_policy):
+    for cls in (LSTM, GRU):
+        layer = cls(UNITS, dropout=0.2, recurrent_dropout=0.2, seed=3)
+        out = layer(_inputs()[:, :10], training=True)
+        assert np.all(np.isfinite(np64(out)))
+
+
+# Sources of the stock methods `recurrent.py` copies or relies on, Keras 3.15.1.
+STOCK_SOURCES = {
+    "RNN.call": keras.layers.RNN.call,
+    "RNN.inner_loop": keras.layers.RNN.inner_loop,
+    "LSTM.__init__": keras.layers.LSTM.__init__,
+    "GRU.__init__": keras.layers.GRU.__init__,
+    "LSTMCell.call": keras.layers.LSTMCell.call,
+    "GRUCell.call": keras.layers.GRUCell.call,
+}
+PINNED_SHA256 = {
+    "RNN.call": "e580bb43258da9c3",
+    "RNN.inner_loop": "95624f67dd86cc32",
+    "LSTM.__init__": "74003dee042b8d6a",
+    "GRU.__init__": "ad6759233509ce98",
+    "LSTMCell.call": "c71d0352f74b106d",
+    "GRUCell.call": "1019f8bce4307f38",
+}
+
+
+def _digest(fn):
+    return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16]
+
+
+def test_guard_stock_keras_unchanged():
+    assert keras.__version__.startswith("3.15"), keras.__version__
+    assert recurrent.KERAS_VERSION == "3.15.1"
+    digests = {name: _digest(fn) for name, fn in STOCK_SOURCES.items()}
+    assert digests == PINNED_SHA256, (
+        "Stock Keras RNN code changed: re-check keras_amp/layers/recurrent.py "
+        f"against it, then update PINNED_SHA256. Now: {digests}"
+    )

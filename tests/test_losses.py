@@ -1,0 +1,57 @@
+"""float32_loss: mean(square(y - 300)) is inf in float16 with raw ops, finite with the wrapper."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras import ops
+
+from keras_amp.losses import float32_loss
+
+
+def _raw_mse(y_true, y_pred):
+    return ops.mean(ops.square(y_true - y_pred))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_raw_ops_overflow_or_round_wrapper_holds(dtype):
+    y_true = ops.zeros((8,), dtype)
+    y_pred = ops.full((8,), 300.0, dtype)
+    raw = float(ops.convert_to_numpy(ops.cast(_raw_mse(y_true, y_pred), "float32")))
+    if dtype == "float16":
+        assert np.isinf(raw)  # 300**2 = 9e4 > 65504
+    wrapped = float32_loss(_raw_mse)(y_true, y_pred)
+    assert wrapped.dtype == tf.float32
+    assert float(wrapped) == 90000.0  # exact: 300 is exact in both dtypes
+
+
+def test_keras_loss_objects_and_decorator():
+    y_true = np.zeros((4, 3), "float32")
+    y_pred = ops.full((4, 3), 300.0, "float16")
+    mse = float32_loss(keras.losses.MeanSquaredError())
+    assert float(mse(y_true, y_pred)) == 90000.0
+    assert float(float32_loss(keras.losses.mean_squared_error)(y_true, y_pred)[0]) == 90000.0
+
+    @float32_loss
+    def weighted(y_true, y_pred, sample_weight=None):
+        return ops.sum(ops.square(y_true - y_pred) * sample_weight)
+
+    sw = ops.full((4, 3), 0.5, "float16")
+    assert float(weighted(y_true, y_pred, sample_weight=sw)) == 12 * 45000.0
+    assert weighted.__name__ == "weighted"
+
+
+def test_integer_labels_untouched_and_gradient():
+    labels = np.array([1, 0], "int32")
+    logits = tf.Variable(np.array([[0.0, 2.0], [1.0, -1.0]], "float16"))
+    loss_fn = float32_loss(keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with tf.GradientTape() as tape:
+        loss = loss_fn(labels, logits)
+    assert loss.dtype == tf.float32
+    grad = tape.gradient(loss, logits)
+    assert grad.dtype == tf.float16 and np.all(np.isfinite(grad.numpy()))
+
+
+def test_rejects_non_callable():
+    with pytest.raises(TypeError, match="callable"):
+        float32_loss(3)
