@@ -3,8 +3,9 @@
     keras_amp.enable()            # before building the model: picks bf16/fp16/fp32 by hardware
 """
 
-from keras_amp import layers, losses
+from keras_amp import callbacks, layers, losses, optimizers
 from keras_amp.hardware import DeviceInfo, GpuInfo
+from keras_amp.optimizers import LossScaleOptimizer, MinScaleError, wrap
 from keras_amp.policy import AmpConfig, AmpWarning, config, disable, enable
 
 __version__ = "0.1.0"
@@ -14,10 +15,15 @@ __all__ = [
     "AmpWarning",
     "DeviceInfo",
     "GpuInfo",
+    "LossScaleOptimizer",
+    "MinScaleError",
     "__version__",
+    "callbacks",
     "config",
     "disable",
     "enable",
     "layers",
     "losses",
+    "optimizers",
+    "wrap",
 ]

@@ -1,0 +1,508 @@
+"""`LossScaleOptimizer`: bounded, tiered, logged, replica-consistent dynamic loss scaling.
+
+Private Keras methods overridden here (no public hook exists), written against Keras 3.15.1 and
+guarded by tests/test_keras_guards_optimizer.py: `build`, `apply`, `_tf_apply`, `_common_apply`,
+`_stateful_handle_finite_grads`, `_stateful_handle_non_finite_grads`, `stateless_apply`,
+`load_own_variables`.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from numbers import Integral, Real
+
+import keras
+import tensorflow as tf
+from absl import logging
+from keras import ops
+from keras.src.utils import tracking
+from tensorflow.python.ops import control_flow_util
+
+from keras_amp.optimizers import tiers
+
+ON_MIN_SCALE = ("warn", "raise", "ignore")
+# Stock Keras 3.15.1 optimizer layout: iteration, learning_rate, step_counter, dynamic_scale.
+_STOCK_OWN_VARIABLES = 4
+
+
+class MinScaleError(RuntimeError):
+    """Training overflows persistently even at `min_scale` and `on_min_scale="raise"`."""
+
+
+def _check_real(name, value, *, allow_none=True):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"`{name}` must be a number. Received: {name}={value!r} of type "
+                        f"{type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"`{name}` must be finite. Received: {name}={value}")
+    return value
+
+
+def _check_int(name, value, *, allow_none=True):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"`{name}` must be an integer >= 1. Received: {name}={value!r} of type "
+                        f"{type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"`{name}` must be an integer >= 1. Received: {name}={value}")
+    return int(value)
+
+
+class _RateLimiter:
+    """At most `per_minute` log lines per rolling minute; counts what it suppressed."""
+
+    def __init__(self, per_minute):
+        self.per_minute = per_minute
+        self.stamps = []
+        self.suppressed = 0
+
+    def allow(self):
+        now = time.monotonic()
+        self.stamps = [t for t in self.stamps if now - t < 60.0]
+        if len(self.stamps) < self.per_minute:
+            self.stamps.append(now)
+            return True
+        self.suppressed += 1
+        return False
+
+
+@keras.saving.register_keras_serializable(package="keras_amp")
+class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """Dynamic (or static) loss scaling with a floor, a ceiling, counters and logging.
+
+    A drop-in subclass of `keras.optimizers.LossScaleOptimizer`. The scale and all counters are
+    optimizer variables: checkpointed, identical on every replica, readable without a sync in
+    the step. The finite decision is all-reduced across replicas and workers, so every replica
+    takes the same branch. Update rule, per call to `apply(grads)`:
+
+    ```
+    finite = all_reduce_sum(any_nonfinite(local grads)) == 0      # same on every replica
+    total_steps += 1
+    if finite:
+        inner_optimizer.apply(grads / scale)
+        consecutive_overflows = 0; overflows_at_min_scale = 0
+        step_counter += 1
+        if dynamic and step_counter >= dynamic_growth_steps:
+            new = min(scale * growth_factor, max_scale)
+            scale = new if isfinite(new) else scale
+            step_counter = 0
+    else:                                   # skipped: weights and inner state untouched
+        overflow_count += 1; consecutive_overflows += 1; step_counter = 0
+        overflows_at_min_scale = overflows_at_min_scale + 1 if scale <= min_scale else 0
+        if dynamic and consecutive_overflows >= hysteresis:
+            scale = max(scale * backoff_factor, min_scale)
+        if overflows_at_min_scale >= min_scale_patience:       # 10; static: any 10 in a row
+            on_min_scale: "warn" -> one absl warning | "raise" -> MinScaleError | "ignore"
+    ```
+
+    `iterations` keeps the Keras meaning (steps applied by the inner optimizer, so learning-rate
+    schedules see applied steps only and a skipped step leaves the inner state bit-identical);
+    `total_steps` counts every call, so `total_steps == iterations + overflow_count`.
+
+    Scale changes are logged through absl (step, old -> new, why), at most
+    `log_lines_per_minute` lines a minute: in the step's rare branches in `tf.function`, after
+    each step in eager mode, and from the host (`host_check()`, called by
+    `keras_amp.callbacks.LossScaleMonitor`) under XLA or MultiWorkerMirroredStrategy, where no
+    host callback may run inside the step.
+
+    Args:
+        inner_optimizer: The `keras.optimizers.Optimizer` instance to wrap.
+        initial_scale: Float or None. Initial loss scale; must lie in [min_scale, max_scale].
+            None takes the tier's value (stock Keras: 2**15).
+        dynamic_growth_steps: Int >= 1 or None. Finite steps between scale increases. None takes
+            the tier's value (stock Keras: 2000).
+        name: String or None. Optimizer name.
+        tier: None, "small", "medium", "large" or "auto". Defaults for the four values above;
+            None keeps Keras's 2**15 / 2000 with bounds 1 and 2**24. "auto" picks by the
+            trainable parameter count of the variables the optimizer is built with.
+        min_scale: Float > 0 or None. Floor of the scale.
+        max_scale: Float >= min_scale or None. Ceiling of the scale.
+        growth_factor: Float > 1. Defaults to 2.0.
+        backoff_factor: Float in (0, 1). Defaults to 0.5.
+        hysteresis: Int >= 1. Consecutive overflows before the scale backs off. Defaults to 1.
+        dynamic: Bool. False keeps the scale at `initial_scale` (static loss scaling) and still
+            skips non-finite steps. Defaults to True.
+        on_min_scale: "warn", "raise" or "ignore". What to do when steps keep overflowing at
+            `min_scale`. Defaults to "warn".
+
+    Example:
+
+    ```python
+    opt = keras_amp.LossScaleOptimizer(keras.optimizers.Adam(1e-3), tier="auto")
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(x, y, callbacks=[keras_amp.callbacks.LossScaleMonitor()])
+    opt.scale, int(opt.overflow_count.numpy())
+    ```
+    """
+
+    min_scale_patience = 10
+    log_lines_per_minute = 10
+
+    def __init__(self, inner_optimizer, initial_scale=None, dynamic_growth_steps=None, name=None,
+                 *, tier=None, min_scale=None, max_scale=None, growth_factor=2.0,
+                 backoff_factor=0.5, hysteresis=1, dynamic=True, on_min_scale="warn", **kwargs):
+        if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
+            raise ValueError(
+                "`inner_optimizer` must not itself be a LossScaleOptimizer (the loss would be "
+                f"scaled twice). Received: inner_optimizer={inner_optimizer!r}, allowed: a plain "
+                "keras.optimizers.Optimizer")
+        if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
+            raise TypeError(
+                "`inner_optimizer` must be a keras.optimizers.Optimizer. "
+                f"Received: inner_optimizer={inner_optimizer!r} of type "
+                f"{type(inner_optimizer).__name__}")
+        tiers.validate_tier(tier)
+        if on_min_scale not in ON_MIN_SCALE:
+            raise ValueError(f"Unknown `on_min_scale`. Received: on_min_scale={on_min_scale!r}, "
+                             f"allowed: {ON_MIN_SCALE}")
+        if not isinstance(dynamic, bool):
+            raise TypeError(f"`dynamic` must be a bool. Received: dynamic={dynamic!r} of type "
+                            f"{type(dynamic).__name__}")
+        growth_factor = _check_real("growth_factor", growth_factor, allow_none=False)
+        if growth_factor <= 1.0:
+            raise ValueError("`growth_factor` must be > 1. "
+                             f"Received: growth_factor={growth_factor}, allowed: (1, inf)")
+        backoff_factor = _check_real("backoff_factor", backoff_factor, allow_none=False)
+        if not 0.0 < backoff_factor < 1.0:
+            raise ValueError("`backoff_factor` must be in (0, 1). "
+                             f"Received: backoff_factor={backoff_factor}, allowed: (0, 1)")
+        explicit = {
+            "initial_scale": _check_real("initial_scale", initial_scale),
+            "dynamic_growth_steps": _check_int("dynamic_growth_steps", dynamic_growth_steps),
+            "min_scale": _check_real("min_scale", min_scale),
+            "max_scale": _check_real("max_scale", max_scale),
+        }
+        # The stock constructor validates the legacy base-optimizer kwargs and sets
+        # `inner_optimizer.loss_scale_factor = None` (else gradients would be scaled twice).
+        super().__init__(inner_optimizer, name=name, **kwargs)
+        self._explicit = explicit
+        self.tier = tier
+        self.growth_factor = growth_factor
+        self.backoff_factor = backoff_factor
+        self.hysteresis = _check_int("hysteresis", hysteresis, allow_none=False)
+        self.dynamic = dynamic
+        self.on_min_scale = on_min_scale
+        self.resolved_tier = None
+        self._lock = threading.Lock()
+        self._host_scale = None
+        self._warned_min_scale = False
+        self._limiter = _RateLimiter(self.log_lines_per_minute)
+        if tier == tiers.AUTO:
+            # Known only at build time; check what can be checked now.
+            for key, value in self._explicit.items():
+                setattr(self, key, value)
+            self._check_bounds(partial=True)
+        else:
+            self._resolve(tiers.tier_values(tier))
+
+    # ----------------------------------------------------------------- configuration
+    def _resolve(self, values):
+        for key, value in self._explicit.items():
+            setattr(self, key, value if value is not None else getattr(values, key))
+        self.resolved_tier = values.name
+        self._check_bounds(partial=False)
+        self._host_scale = self.initial_scale
+
+    def _check_bounds(self, partial):
+        lo, hi, init = self.min_scale, self.max_scale, self.initial_scale
+        if lo is not None and lo <= 0:
+            raise ValueError(f"`min_scale` must be > 0. Received: min_scale={lo}, allowed: (0, inf)")
+        if lo is not None and hi is not None and hi < lo:
+            raise ValueError("`max_scale` must be >= `min_scale`. "
+                             f"Received: min_scale={lo}, max_scale={hi}")
+        if init is not None and ((lo is not None and init < lo) or (hi is not None and init > hi)):
+            raise ValueError(
+                "`initial_scale` must lie within [min_scale, max_scale] (it is not clipped). "
+                f"Received: initial_scale={init}, min_scale={lo}, max_scale={hi}"
+                + ("" if partial else f" (tier={self.resolved_tier!r})"))
+        if init is not None and init <= 0:
+            raise ValueError(f"`initial_scale` must be > 0. Received: initial_scale={init}")
+
+    def get_config(self):
+        # Exactly the constructor arguments. Once "auto" has been resolved, the chosen tier and
+        # its values are recorded, so a loaded optimizer uses the values it was trained with.
+        return {
+            "name": self.name,
+            "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+            "initial_scale": self.initial_scale,
+            "dynamic_growth_steps": self.dynamic_growth_steps,
+            "tier": self.resolved_tier if self.tier == tiers.AUTO and self.resolved_tier
+            else self.tier,
+            "min_scale": self.min_scale,
+            "max_scale": self.max_scale,
+            "growth_factor": self.growth_factor,
+            "backoff_factor": self.backoff_factor,
+            "hysteresis": self.hysteresis,
+            "dynamic": self.dynamic,
+            "on_min_scale": self.on_min_scale,
+        }
+
+    # ----------------------------------------------------------------- state
+    @tracking.no_automatic_dependency_tracking
+    def build(self, var_list):
+        if self.tier == tiers.AUTO and self.resolved_tier is None:
+            self._resolve(tiers.tier_values(tiers.AUTO, var_list))
+        # The first two keep the stock names and order, so stock-saved state maps onto ours.
+        self.step_counter = self._counter("step_counter")
+        self.dynamic_scale = self.add_variable(
+            shape=(), dtype="float32", initializer=keras.initializers.Constant(self.initial_scale),
+            aggregation="none", name="dynamic_scale")
+        self._overflow_count = self._counter("overflow_count")
+        self._consecutive_overflows = self._counter("consecutive_overflows")
+        self._overflows_at_min_scale = self._counter("overflows_at_min_scale")
+        self.inner_optimizer.build(var_list)
+        keras.optimizers.Optimizer.build(self, var_list)
+
+    def _counter(self, name):
+        return self.add_variable(shape=(), dtype="int", initializer=keras.initializers.Zeros(),
+                                 aggregation="none", name=name)
+
+    def _require_built(self, what):
+        if not self.built:
+            raise ValueError(f"`{what}` exists once the optimizer is built; call "
+                             "`optimizer.build(model.trainable_variables)` or train first. "
+                             f"Received: built={self.built}")
+
+    @property
+    def scale(self):
+        """The current loss scale as a Python float (a host read)."""
+        if not self.built:
+            return self.initial_scale
+        return float(ops.convert_to_numpy(self.dynamic_scale))
+
+    @property
+    def overflow_count(self):
+        """Variable: total skipped (non-finite) steps."""
+        self._require_built("overflow_count")
+        return self._overflow_count
+
+    @property
+    def consecutive_overflows(self):
+        """Variable: overflows since the last finite step."""
+        self._require_built("consecutive_overflows")
+        return self._consecutive_overflows
+
+    @property
+    def overflows_at_min_scale(self):
+        """Variable: consecutive overflows of steps that already ran at `min_scale`."""
+        self._require_built("overflows_at_min_scale")
+        return self._overflows_at_min_scale
+
+    @property
+    def total_steps(self):
+        """Variable: every `apply` call, applied or skipped (`iterations + overflow_count`)."""
+        self._require_built("total_steps")
+        return self._iterations
+
+    def scale_loss(self, loss):
+        if self.built or self.initial_scale is not None:
+            return super().scale_loss(loss)
+        # tier="auto", unbuilt: the scale depends on the variables `apply` will build with.
+        if tf.executing_eagerly():
+            self._require_built("scale_loss (tier='auto')")
+        # Traced before the first `apply` (Keras fit without a strategy): `apply` builds the
+        # optimizer in this same trace, creating variables, so TensorFlow discards this trace
+        # and retraces with the built optimizer; the placeholder scale is never executed.
+        return ops.multiply(loss, tiers.KERAS_DEFAULT.initial_scale)
+
+    def load_own_variables(self, store):
+        # A store written by stock Keras's LossScaleOptimizer lacks our three counters: load its
+        # four own variables and the inner optimizer's, and start the counters at zero.
+        n_ours = len(self._variables)
+        if self.built and len(store.keys()) == len(self.variables) - (n_ours - _STOCK_OWN_VARIABLES):
+            for i, variable in enumerate(self._variables[:_STOCK_OWN_VARIABLES]):
+                variable.assign(store[str(i)])
+            for i, variable in enumerate(self.inner_optimizer.variables):
+                variable.assign(store[str(i + _STOCK_OWN_VARIABLES)])
+            logging.info("LossScaleOptimizer %r: loaded stock Keras LossScaleOptimizer state; "
+                         "overflow counters start at 0.", self.name)
+        else:
+            super().load_own_variables(store)
+        self._host_scale = self.scale
+
+    # ----------------------------------------------------------------- the step
+    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        raise NotImplementedError(
+            "keras_amp.LossScaleOptimizer implements the TensorFlow backend's stateful "
+            "`apply()`; `stateless_apply` (JAX) is not supported. "
+            f"Received: backend={keras.backend.backend()!r}, allowed: 'tensorflow'")
+
+    def apply(self, grads, trainable_variables=None):
+        super().apply(grads, trainable_variables)
+        if tf.executing_eagerly() and not tf.distribute.has_strategy():
+            self.host_check()
+
+    def _all_replicas_finite(self, grads):
+        """The finite flag, all-reduced so every replica and worker takes the same branch."""
+        finite = self.check_finite(grads)
+        ctx = tf.distribute.get_replica_context()
+        if ctx is not None and ctx.num_replicas_in_sync > 1:
+            # Gradients reach `apply` un-aggregated: replica 1 may overflow while replica 0 does
+            # not. A SUM of 0/1 flags is exact in float32 for any realistic replica count.
+            non_finite = tf.cast(tf.logical_not(finite), tf.float32)
+            total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, non_finite)
+            finite = tf.equal(total, 0.0)
+        return finite
+
+    def _tf_apply(self, grads, trainable_variables=None):
+        if tf.distribute.in_cross_replica_context():
+            raise ValueError("apply() must be called in a replica context.")
+        finite = self._all_replicas_finite(grads)
+        if tf.__internal__.distribute.strategy_supports_no_merge_call():
+            self._common_apply(grads, trainable_variables, finite=finite)
+            return
+
+        def _handle_cross_replica(distribution, finite, grads, trainable_variables):
+            # Identical on every replica after the all-reduce above.
+            finite = distribution.experimental_local_results(finite)[0]
+
+            def apply_fn():
+                distribution.extended.call_for_each_replica(
+                    self._apply_unscaled, args=(grads, trainable_variables))
+                self._update_after_finite()
+
+            # A cond in cross-replica context: the inner apply calls merge_call itself.
+            ops.cond(finite, apply_fn, self._update_after_non_finite)
+
+        tf.distribute.get_replica_context().merge_call(
+            _handle_cross_replica, args=(finite, grads, trainable_variables))
+
+    def _common_apply(self, grads, trainable_variables=None, finite=None):
+        if finite is None:
+            finite = self.check_finite(grads)
+        ops.cond(finite,
+                 lambda: self._stateful_handle_finite_grads(grads, trainable_variables),
+                 self._stateful_handle_non_finite_grads)
+
+    def _stateful_handle_finite_grads(self, grads, trainable_variables):
+        self._apply_unscaled(grads, trainable_variables)
+        self._update_after_finite()
+
+    def _stateful_handle_non_finite_grads(self):
+        self._update_after_non_finite()
+
+    def _apply_unscaled(self, grads, trainable_variables):
+        scale = self.dynamic_scale
+        tvs = trainable_variables or self._trainable_variables
+        unscaled = [g if g is None or self._overwrite_variable_with_gradient(v)
+                    else ops.divide(g, scale) for g, v in zip(grads, tvs)]
+        self.inner_optimizer.apply(unscaled, trainable_variables=trainable_variables)
+
+    def _read_scale(self):
+        # A read tensor, not the variable: `old` must not see the assignment that follows.
+        return tf.identity(self.dynamic_scale.value)
+
+    def _update_after_finite(self):
+        self._iterations.assign_add(1)
+        self._consecutive_overflows.assign(0)
+        self._overflows_at_min_scale.assign(0)
+        if not self.dynamic:
+            self.step_counter.assign_add(1)
+            return
+
+        def grow():
+            old = self._read_scale()
+            new = ops.minimum(old * self.growth_factor, self.max_scale)
+            new = ops.where(ops.isfinite(new), new, old)  # never to inf, whatever max_scale is
+            self.dynamic_scale.assign(new)
+            self.step_counter.assign(0)
+            self._log_in_graph(1, old, new)
+
+        def count():
+            self.step_counter.assign_add(1)
+
+        # One cond per step, as in stock Keras (which conds on the same counter).
+        ops.cond(ops.greater_equal(self.step_counter + 1, self.dynamic_growth_steps), grow, count)
+
+    def _update_after_non_finite(self):
+        old = self._read_scale()
+        k = self._consecutive_overflows + 1
+        at_floor = ops.less_equal(old, self.min_scale) if self.dynamic else True
+        self._iterations.assign_add(1)
+        self._overflow_count.assign_add(1)
+        self._consecutive_overflows.assign(k)
+        self._overflows_at_min_scale.assign(
+            ops.where(at_floor, self._overflows_at_min_scale + 1, 0))
+        self.step_counter.assign(0)
+        new = old
+        if self.dynamic:
+            backed_off = ops.maximum(old * self.backoff_factor, self.min_scale)
+            new = ops.where(ops.greater_equal(k, self.hysteresis), backed_off, old)
+            self.dynamic_scale.assign(new)
+        self._log_in_graph(0, old, new)
+
+    # ----------------------------------------------------------------- logging (host side)
+    def _log_in_graph(self, kind, old, new):
+        """Calls `_host_event` from the step's rare branches, where a host callback may run."""
+        if tf.executing_eagerly():
+            return  # `apply` runs `host_check()` after the step.
+        if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+            return  # XLA cannot call the host; LossScaleMonitor / host_check() log instead.
+        if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
+            return  # once per replica would repeat lines; the host check logs instead.
+        tf.py_function(self._host_event, [kind, self._iterations, old, new,
+                                          self._consecutive_overflows,
+                                          self._overflows_at_min_scale], [])
+
+    def _host_event(self, kind, step, old, new, consecutive, at_min):
+        old, new = float(old.numpy()), float(new.numpy())
+        with self._lock:
+            self._host_scale = new
+        if new != old:
+            why = ("%d consecutive overflow(s), hysteresis=%d" % (int(consecutive), self.hysteresis)
+                   if int(kind) == 0 else "%d finite steps" % self.dynamic_growth_steps)
+            self._log_change(int(step), old, new, why)
+        self._enforce_min_scale(int(at_min), new, int(step))
+
+    def host_check(self):
+        """Reads the state (a host sync: call it at cheap points), logs unlogged scale changes,
+        applies `on_min_scale`, and returns the values as Python numbers."""
+        if not self.built:
+            return {}
+        state = {
+            "loss_scale": float(ops.convert_to_numpy(self.dynamic_scale)),
+            "overflow_count": int(ops.convert_to_numpy(self._overflow_count)),
+            "consecutive_overflows": int(ops.convert_to_numpy(self._consecutive_overflows)),
+            "overflows_at_min_scale": int(ops.convert_to_numpy(self._overflows_at_min_scale)),
+            "total_steps": int(ops.convert_to_numpy(self._iterations)),
+        }
+        with self._lock:
+            old, self._host_scale = self._host_scale, state["loss_scale"]
+        if old is not None and old != state["loss_scale"]:
+            why = ("backed off after overflows" if state["loss_scale"] < old
+                   else "grew after finite steps")
+            self._log_change(state["total_steps"], old, state["loss_scale"], why + " (host check)")
+        self._enforce_min_scale(state["overflows_at_min_scale"], state["loss_scale"],
+                                state["total_steps"])
+        return state
+
+    def _log_change(self, step, old, new, why):
+        with self._lock:
+            if not self._limiter.allow():
+                return
+            suppressed, self._limiter.suppressed = self._limiter.suppressed, 0
+        logging.info("LossScaleOptimizer %r step %d: loss scale %g -> %g (%s)%s", self.name, step,
+                     old, new, why,
+                     f"; {suppressed} earlier change(s) not logged (rate limit)" if suppressed else "")
+
+    def _enforce_min_scale(self, at_min, scale, step):
+        if at_min < self.min_scale_patience or self.on_min_scale == "ignore":
+            return
+        where = (f"at min_scale={self.min_scale:g}" if self.dynamic
+                 else f"at the static scale {scale:g}")
+        msg = (f"LossScaleOptimizer {self.name!r}: {at_min} consecutive steps overflowed {where} "
+               f"(step {step}); they are skipped. Try a lower `initial_scale`/`min_scale`, move "
+               "the offending layers to float32 (dtype='float32'), or check the data for NaN/inf.")
+        if self.on_min_scale == "raise":
+            raise MinScaleError(msg)
+        with self._lock:
+            warned, self._warned_min_scale = self._warned_min_scale, True
+        if not warned:
+            logging.warning(msg)
+

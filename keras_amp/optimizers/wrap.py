@@ -1,0 +1,60 @@
+"""`wrap()`: put an optimizer under keras_amp's loss scaling when the policy computes in float16."""
+
+from __future__ import annotations
+
+import warnings
+
+import keras
+
+from keras_amp.optimizers.loss_scale_optimizer import LossScaleOptimizer
+from keras_amp.policy import AmpWarning
+
+# Stock Keras LossScaleOptimizer defaults: values equal to these are not carried over on
+# conversion, so the tier's values apply instead.
+_STOCK_DEFAULTS = {"initial_scale": 2.0**15, "dynamic_growth_steps": 2000}
+
+
+def wrap(optimizer, tier: str | None = "auto", *, force: bool = False,
+         **kwargs) -> keras.optimizers.Optimizer:
+    """Returns `optimizer` wrapped in `keras_amp.LossScaleOptimizer` under a float16 policy.
+
+    Idempotent: a keras_amp `LossScaleOptimizer` is returned as it is. A stock Keras
+    `LossScaleOptimizer` is converted (its inner optimizer is rewrapped, non-default
+    `initial_scale` / `dynamic_growth_steps` carried over) if it is not built yet; a built one
+    is refused, since its state would be lost. Under a policy that does not compute in float16
+    (mixed_bfloat16, float32) the optimizer is returned unchanged: loss scaling only guards
+    float16's narrow exponent range. `force=True` wraps anyway and warns with `AmpWarning`.
+
+    Args:
+        optimizer: A `keras.optimizers.Optimizer`, or a name/config `keras.optimizers.get`
+            accepts.
+        tier: None, "small", "medium", "large" or "auto". Defaults to "auto".
+        force: Bool. Wrap even when the global policy does not compute in float16.
+        **kwargs: Further `LossScaleOptimizer` arguments (`min_scale`, `hysteresis`, ...).
+    """
+    if isinstance(optimizer, LossScaleOptimizer):
+        return optimizer
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        optimizer = keras.optimizers.get(optimizer)
+    policy = keras.config.dtype_policy()
+    if policy.compute_dtype != "float16":
+        if not force:
+            return optimizer
+        warnings.warn(
+            f"keras_amp.wrap(force=True) under the {policy.name!r} policy: loss scaling adds "
+            "work and only helps float16 compute; bfloat16 and float32 do not need it.",
+            AmpWarning, stacklevel=2)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        if optimizer.built:
+            raise ValueError(
+                "Cannot convert a built stock keras.optimizers.LossScaleOptimizer: its loss "
+                "scale and inner optimizer state would be lost. Wrap the inner optimizer before "
+                "training instead. Received: optimizer="
+                f"{optimizer.name!r} (built=True), allowed: an unbuilt optimizer")
+        for key, default in _STOCK_DEFAULTS.items():
+            value = getattr(optimizer, key)
+            if value != default:
+                kwargs.setdefault(key, value)
+        kwargs.setdefault("name", optimizer.name)
+        optimizer = optimizer.inner_optimizer
+    return LossScaleOptimizer(optimizer, tier=tier, **kwargs)

@@ -1,0 +1,400 @@
+"""keras_amp.optimizers.LossScaleOptimizer: update rule, counters, bounds, config, saving, fit."""
+
+import inspect
+import logging as py_logging
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_amp.callbacks import LossScaleMonitor
+from keras_amp.optimizers import LossScaleOptimizer, MinScaleError
+
+INF = float("inf")
+
+
+def _setup(opt_cls=LossScaleOptimizer, inner=None, **kwargs):
+    v = keras.Variable(np.linspace(-1.0, 1.0, 4).astype("float32"))
+    opt = opt_cls(inner or keras.optimizers.SGD(0.1), **kwargs)
+    opt.build([v])
+    return v, opt
+
+
+def _runner(opt, v, mode):
+    """A function applying one gradient `g * ones` per call, in the given execution mode."""
+
+    def step(g):
+        opt.apply([tf.fill([4], g)], [v])
+
+    if mode == "eager":
+        return lambda g: step(tf.constant(g, tf.float32))
+    fn = tf.function(step, jit_compile=(mode == "xla"))
+    return lambda g: fn(tf.constant(g, tf.float32))
+
+
+def _loop(opt, v, grad, n):
+    """`n` steps with gradient `grad` inside one tf.function (a while loop: fast)."""
+
+    @tf.function
+    def run():
+        for _ in tf.range(n):
+            opt.apply([tf.fill([4], tf.constant(grad, tf.float32))], [v])
+
+    run()
+
+
+def test_200_overflows_floor_at_min_scale_stock_reaches_zero():
+    v, ours = _setup(initial_scale=2.0**15, min_scale=1.0)
+    _loop(ours, v, INF, 200)
+    assert ours.scale == 1.0  # exact: halvings of a power of two, floored
+    assert ours.scale > 0
+    assert int(ours.overflow_count.numpy()) == 200
+    assert int(ours.consecutive_overflows.numpy()) == 200
+    sv, stock = _setup(keras.optimizers.LossScaleOptimizer, initial_scale=2.0**15)
+    _loop(stock, sv, INF, 200)
+    assert float(stock.dynamic_scale.numpy()) == 0.0  # stock defect: no floor
+
+
+def test_10000_growth_steps_cap_at_max_scale_stock_reaches_inf():
+    v, ours = _setup(dynamic_growth_steps=1, max_scale=2.0**24)
+    _loop(ours, v, 0.0, 10_000)
+    assert ours.scale == 2.0**24 and np.isfinite(ours.scale)
+    assert int(ours.iterations.numpy()) == 10_000 and int(ours.overflow_count.numpy()) == 0
+    sv, stock = _setup(keras.optimizers.LossScaleOptimizer, dynamic_growth_steps=1)
+    _loop(stock, sv, 0.0, 200)
+    assert np.isinf(float(stock.dynamic_scale.numpy()))  # stock defect: no ceiling
+    # Once at inf every step overflows (inf * 0 = nan would be the loss) and is skipped.
+
+
+def test_growth_never_non_finite_even_with_huge_max_scale():
+    v, opt = _setup(initial_scale=2.0**100, max_scale=1e300, dynamic_growth_steps=1)
+    # max_scale is inf in float32: only the isfinite guard stops the doubling.
+    _loop(opt, v, 0.0, 40)
+    assert opt.scale == 2.0**127  # float32's largest power of two; the next doubling is inf
+    assert np.isfinite(opt.scale)
+
+
+@pytest.mark.parametrize("mode", ["eager", "tf_function", "xla"])
+def test_update_rule_counters_and_skipped_weights_bit_identical(mode):
+    inner = keras.optimizers.Adam(0.01)
+    v, opt = _setup(inner=inner, initial_scale=8.0, dynamic_growth_steps=2, max_scale=16.0,
+                    min_scale=2.0)
+    step = _runner(opt, v, mode)
+    expected_scales = []
+    for g in [1.0, 1.0, 1.0, 1.0, INF, float("nan"), INF, 1.0]:
+        before = [x.numpy().copy() for x in [v] + inner.variables]
+        step(g)
+        after = [x.numpy() for x in [v] + inner.variables]
+        if not np.isfinite(g):
+            # Skipped: weights and every inner variable (iterations, moments) bit for bit.
+            assert all(np.array_equal(a, b) for a, b in zip(after, before))
+        else:
+            assert not np.array_equal(after[0], before[0])
+        expected_scales.append(opt.scale)
+    # grow at steps 2 and 4 (capped at 16), back off 3 times (floored at 2), then 1 finite step.
+    assert expected_scales == [8.0, 16.0, 16.0, 16.0, 8.0, 4.0, 2.0, 2.0]
+    assert int(opt.overflow_count.numpy()) == 3
+    assert int(opt.consecutive_overflows.numpy()) == 0
+    assert int(opt.iterations.numpy()) == 5  # applied steps (the inner optimizer's count)
+    assert int(opt.total_steps.numpy()) == 8
+    assert int(opt.step_counter.numpy()) == 1
+
+
+def test_hysteresis_first_overflow_of_a_run_only_skips():
+    v, opt = _setup(initial_scale=64.0, hysteresis=2)
+    step = _runner(opt, v, "tf_function")
+    scales, consecutive = [], []
+    for g in [INF, INF, INF, 1.0, INF, 1.0, INF, INF]:
+        step(g)
+        scales.append(opt.scale)
+        consecutive.append(int(opt.consecutive_overflows.numpy()))
+    assert scales == [64.0, 32.0, 16.0, 16.0, 16.0, 16.0, 16.0, 8.0]
+    assert consecutive == [1, 2, 3, 0, 1, 0, 1, 2]
+    assert int(opt.overflow_count.numpy()) == 6
+
+
+def test_static_scaling_keeps_scale_and_skips_stock_refuses():
+    v, opt = _setup(initial_scale=128.0, dynamic=False, dynamic_growth_steps=1)
+    step = _runner(opt, v, "tf_function")
+    w0 = v.numpy().copy()
+    for g in [1.0, 1.0, INF, 1.0]:
+        before = v.numpy().copy()
+        step(g)
+        if not np.isfinite(g):
+            np.testing.assert_array_equal(v.numpy(), before)
+    assert opt.scale == 128.0
+    assert int(opt.overflow_count.numpy()) == 1
+    # The applied gradient is the scaled one: 1 / 128 per finite step, SGD lr 0.1, 3 steps.
+    np.testing.assert_allclose(v.numpy(), w0 - 0.3 / 128.0, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="dynamic=False"):
+        keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(), dynamic=False)
+
+
+def test_unscaled_gradient_matches_float64_reference():
+    v, opt = _setup(initial_scale=1024.0)
+    w0 = v.numpy().astype("float64")
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.square(v.value))
+        scaled = opt.scale_loss(loss)
+    opt.apply(tape.gradient(scaled, [v.value]), [v])
+    np.testing.assert_allclose(v.numpy(), w0 - 0.1 * 2.0 * w0, rtol=1e-6, atol=0)
+
+
+def test_on_min_scale_raise_eager_and_tf_function():
+    v, opt = _setup(initial_scale=1.0, min_scale=1.0, on_min_scale="raise")
+    step = _runner(opt, v, "eager")
+    for _ in range(LossScaleOptimizer.min_scale_patience - 1):
+        step(INF)
+    with pytest.raises(MinScaleError, match="float32.*NaN"):
+        step(INF)
+    v, opt = _setup(initial_scale=1.0, min_scale=1.0, on_min_scale="raise")
+    step = _runner(opt, v, "tf_function")
+    for _ in range(LossScaleOptimizer.min_scale_patience - 1):
+        step(INF)
+    with pytest.raises(tf.errors.OpError, match="MinScaleError"):
+        step(INF)
+
+
+def test_on_min_scale_warn_logs_once_and_ignore_is_silent(caplog):
+    caplog.set_level(py_logging.WARNING, logger="absl")
+    for policy, expected in (("warn", 1), ("ignore", 0)):
+        caplog.clear()
+        v, opt = _setup(initial_scale=4.0, min_scale=1.0, on_min_scale=policy)
+        step = _runner(opt, v, "tf_function")
+        for _ in range(2 + 3 * LossScaleOptimizer.min_scale_patience):
+            step(INF)
+        opt.host_check()
+        assert int(opt.overflows_at_min_scale.numpy()) == 3 * LossScaleOptimizer.min_scale_patience
+        hits = [r for r in caplog.records if "overflowed at min_scale" in r.getMessage()]
+        assert len(hits) == expected
+
+
+def test_xla_logs_scale_changes_from_host_check(caplog):
+    caplog.set_level(py_logging.INFO, logger="absl")
+    v, opt = _setup(initial_scale=8.0)
+    step = _runner(opt, v, "xla")
+    step(INF)
+    assert not [r for r in caplog.records if "loss scale" in r.getMessage()]  # none in-graph
+    state = opt.host_check()
+    assert state["loss_scale"] == 4.0 and state["overflow_count"] == 1
+    assert any("loss scale 8 -> 4" in r.getMessage() for r in caplog.records)
+
+
+def test_tf_function_logs_each_change_in_graph(caplog):
+    caplog.set_level(py_logging.INFO, logger="absl")
+    v, opt = _setup(initial_scale=8.0, dynamic_growth_steps=1)
+    step = _runner(opt, v, "tf_function")
+    step(1.0)
+    step(INF)
+    msgs = [r.getMessage() for r in caplog.records if "loss scale" in r.getMessage()]
+    assert len(msgs) == 2 and "step 1: loss scale 8 -> 16" in msgs[0]
+    assert "step 2: loss scale 16 -> 8" in msgs[1]
+    opt.host_check()  # already logged in-graph: no duplicate line
+    assert len([r for r in caplog.records if "loss scale" in r.getMessage()]) == 2
+
+
+# ------------------------------------------------------------------- validation
+@pytest.mark.parametrize(
+    "kwargs, exc, fragment",
+    [
+        ({"min_scale": 0.0}, ValueError, "min_scale=0.0"),
+        ({"min_scale": 4.0, "max_scale": 2.0}, ValueError, "max_scale=2.0"),
+        ({"initial_scale": 2.0**30}, ValueError, "initial_scale=1073741824"),
+        ({"initial_scale": 0.5}, ValueError, "initial_scale=0.5"),
+        ({"growth_factor": 1.0}, ValueError, "growth_factor=1.0"),
+        ({"backoff_factor": 1.0}, ValueError, "backoff_factor=1.0"),
+        ({"backoff_factor": 0.0}, ValueError, "backoff_factor=0.0"),
+        ({"hysteresis": 0}, ValueError, "hysteresis=0"),
+        ({"hysteresis": 1.5}, TypeError, "hysteresis=1.5"),
+        ({"dynamic_growth_steps": 0}, ValueError, "dynamic_growth_steps=0"),
+        ({"tier": "huge"}, ValueError, "tier='huge'"),
+        ({"on_min_scale": "panic"}, ValueError, "on_min_scale='panic'"),
+        ({"dynamic": "yes"}, TypeError, "dynamic='yes'"),
+        ({"min_scale": "1"}, TypeError, "min_scale='1'"),
+        ({"max_scale": INF}, ValueError, "max_scale=inf"),
+    ],
+    ids=lambda x: str(x) if not isinstance(x, dict) else "-".join(map(str, x.items())),
+)
+def test_validation_errors_name_argument_and_value(kwargs, exc, fragment):
+    with pytest.raises(exc, match=fragment.replace("(", r"\(").replace("+", r"\+")):
+        LossScaleOptimizer(keras.optimizers.SGD(), **kwargs)
+
+
+def test_validation_inner_optimizer():
+    with pytest.raises(TypeError, match="inner_optimizer"):
+        LossScaleOptimizer("sgd")
+    with pytest.raises(ValueError, match="scaled twice"):
+        LossScaleOptimizer(LossScaleOptimizer(keras.optimizers.SGD()))
+
+
+# ------------------------------------------------------------------- tiers and config
+def test_tier_none_keeps_keras_defaults_and_explicit_overrides_tier():
+    opt = LossScaleOptimizer(keras.optimizers.SGD())
+    assert (opt.initial_scale, opt.dynamic_growth_steps, opt.min_scale, opt.max_scale) == (
+        2.0**15, 2000, 1.0, 2.0**24)
+    opt = LossScaleOptimizer(keras.optimizers.SGD(), tier="medium", min_scale=8.0)
+    assert (opt.initial_scale, opt.dynamic_growth_steps, opt.min_scale, opt.max_scale) == (
+        2.0**12, 50, 8.0, 131072.0)
+
+
+def test_auto_tier_resolves_at_build_and_config_records_choice():
+    opt = LossScaleOptimizer(keras.optimizers.SGD(), tier="auto")
+    assert opt.get_config()["tier"] == "auto" and opt.get_config()["initial_scale"] is None
+    with pytest.raises(ValueError, match="build"):
+        opt.scale_loss(tf.constant(1.0))
+    opt.build([keras.Variable(np.zeros((10, 10), "float32"))])
+    config = opt.get_config()
+    assert (config["tier"], config["initial_scale"], config["dynamic_growth_steps"]) == (
+        "small", 2.0**10, 100)
+    assert float(opt.scale_loss(tf.constant(1.0))) == 2.0**10
+
+
+def test_get_config_is_constructor_arguments_and_round_trips():
+    opt = LossScaleOptimizer(keras.optimizers.Adam(3e-4), tier="large", hysteresis=2,
+                             on_min_scale="raise", dynamic=True, name="lso")
+    config = opt.get_config()
+    params = set(inspect.signature(LossScaleOptimizer.__init__).parameters) - {"self", "kwargs"}
+    assert set(config) == params
+    own = {k: v for k, v in config.items() if k != "inner_optimizer"}
+    clone = LossScaleOptimizer.from_config(config)
+    assert {k: v for k, v in clone.get_config().items() if k != "inner_optimizer"} == own
+    assert type(clone.inner_optimizer) is keras.optimizers.Adam
+    revived = keras.optimizers.deserialize(keras.optimizers.serialize(opt))
+    assert type(revived) is LossScaleOptimizer
+    assert {k: v for k, v in revived.get_config().items() if k != "inner_optimizer"} == own
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["stock_config", "legacy_stock_config"])
+def test_stock_config_loads_into_ours(legacy):
+    stock = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.5), initial_scale=512.0,
+                                                dynamic_growth_steps=7)
+    config = stock.get_config()
+    if legacy:  # older Keras wrote the base optimizer arguments too
+        config.update({"clipnorm": None, "use_ema": False, "loss_scale_factor": None})
+    ours = LossScaleOptimizer.from_config(config)
+    assert (ours.initial_scale, ours.dynamic_growth_steps, ours.tier) == (512.0, 7, None)
+    assert float(ours.inner_optimizer.learning_rate) == 0.5
+
+
+# ------------------------------------------------------------------- fit and saving
+def _model():
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(8, name="hidden")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(1, dtype="float32", name="head")(hidden))
+
+
+def _data(poison_row=None):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    y = rng.normal(size=(64, 1)).astype("float32")
+    if poison_row is not None:
+        x[poison_row] = np.inf
+    return x, y
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("jit", [False, True], ids=["graph", "xla"])
+def test_fit_with_monitor_puts_counters_in_logs(policy, jit):
+    keras.config.set_dtype_policy(policy)
+    model = _model()
+    opt = LossScaleOptimizer(keras.optimizers.Adam(1e-3), initial_scale=256.0)
+    model.compile(optimizer=opt, loss="mse", jit_compile=jit)
+    assert model.optimizer is opt  # compile keeps ours
+    x, y = _data(poison_row=40)  # batch 5 of 8 overflows in every epoch
+    history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False,
+                        callbacks=[LossScaleMonitor(check_every=3)])
+    assert history.history["overflow_count"] == [1, 2]
+    assert history.history["loss_scale"] == [128.0, 64.0]
+    assert history.history["consecutive_overflows"] == [0, 0]
+    assert int(opt.iterations.numpy()) == 14 and int(opt.total_steps.numpy()) == 16
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+
+
+@pytest.mark.parametrize("inner_kwargs", [{"use_ema": True}, {"clipnorm": 1.0},
+                                          {"gradient_accumulation_steps": 2}],
+                         ids=["ema", "clipnorm", "grad_accumulation"])
+def test_inner_optimizer_features_work(inner_kwargs):
+    keras.config.set_dtype_policy("mixed_float16")
+    model = _model()
+    opt = LossScaleOptimizer(keras.optimizers.SGD(0.01, **inner_kwargs), initial_scale=256.0)
+    model.compile(optimizer=opt, loss="mse")
+    x, y = _data(poison_row=40)
+    w0 = [w.copy() for w in model.get_weights()]
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    # 7 applied steps; with accumulation over 2 the inner optimizer counts 3 updates (Keras).
+    applied = 3 if "gradient_accumulation_steps" in inner_kwargs else 7
+    assert int(opt.overflow_count.numpy()) == 1 and int(opt.iterations.numpy()) == applied
+    weights = model.get_weights()
+    assert all(np.isfinite(w).all() for w in weights)
+    assert any(not np.array_equal(a, b) for a, b in zip(weights, w0))
+
+
+def _trained(tmp_path, optimizer):
+    keras.config.set_dtype_policy("mixed_float16")
+    model = _model()
+    model.compile(optimizer=optimizer, loss="mse")
+    x, y = _data(poison_row=40)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    return model, path
+
+
+def test_keras_round_trip_under_other_policy_keeps_state_stock_drops_it(tmp_path):
+    (tmp_path / "stock").mkdir()
+    stock_model, stock_path = _trained(tmp_path / "stock", keras.optimizers.Adam(1e-3))
+    assert type(stock_model.optimizer) is keras.optimizers.LossScaleOptimizer  # auto-wrapped
+    keras.config.set_dtype_policy("float32")
+    with pytest.warns(UserWarning, match="Skipping variable loading for optimizer"):
+        stock_loaded = keras.saving.load_model(stock_path)
+    assert not isinstance(stock_loaded.optimizer, keras.optimizers.LossScaleOptimizer)
+
+    (tmp_path / "ours").mkdir()
+    model, path = _trained(tmp_path / "ours", LossScaleOptimizer(
+        keras.optimizers.Adam(1e-3), tier="auto", hysteresis=2))
+    keras.config.set_dtype_policy("float32")
+    loaded = keras.saving.load_model(path)
+    opt, ref = loaded.optimizer, model.optimizer
+    assert type(opt) is LossScaleOptimizer
+    assert opt.get_config() == ref.get_config() and opt.get_config()["tier"] == "small"
+    assert len(opt.variables) == len(ref.variables)
+    for a, b in zip(opt.variables, ref.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+    assert int(opt.overflow_count.numpy()) == 1 and opt.scale == ref.scale
+    assert int(opt.iterations.numpy()) == 7  # inner Adam state came back
+
+
+def test_tf_train_checkpoint_round_trip(tmp_path):
+    v, opt = _setup(inner=keras.optimizers.Adam(0.01), initial_scale=64.0, hysteresis=2)
+    step = _runner(opt, v, "tf_function")
+    for g in [1.0, INF, INF, 1.0, INF]:
+        step(g)
+    saved = [x.numpy().copy() for x in opt.variables]
+    prefix = tf.train.Checkpoint(optimizer=opt, v=v).save(str(tmp_path / "ckpt"))
+    keras.config.set_dtype_policy("mixed_bfloat16")  # a different global policy at load time
+    v2, opt2 = _setup(inner=keras.optimizers.Adam(0.01), initial_scale=64.0, hysteresis=2)
+    tf.train.Checkpoint(optimizer=opt2, v=v2).restore(prefix).assert_consumed()
+    restored = [x.numpy() for x in opt2.variables]
+    assert len(restored) == len(saved) == 7 + 4  # 7 own (4 stock + 3 counters), Adam's 4
+    for a, b, var in zip(restored, saved, opt2.variables):
+        np.testing.assert_array_equal(a, b, err_msg=var.path)
+    assert int(opt2.consecutive_overflows.numpy()) == 1 and opt2.scale == 32.0
+
+
+def test_stock_saved_state_loads_into_ours(tmp_path):
+    (tmp_path / "s").mkdir()
+    stock_model, path = _trained(tmp_path / "s", keras.optimizers.Adam(1e-3))
+    keras.config.set_dtype_policy("mixed_float16")
+    model = keras.saving.load_model(path, compile=False)
+    opt = LossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    model.compile(optimizer=opt, loss="mse")
+    opt.build(model.trainable_variables)
+    model.load_weights(path)
+    stock = stock_model.optimizer
+    assert opt.scale == float(stock.dynamic_scale.numpy())
+    assert opt.scale != opt.initial_scale  # guard: there was state to carry over
+    assert int(opt.iterations.numpy()) == int(stock.iterations.numpy()) > 0
+    for a, b in zip(opt.inner_optimizer.variables, stock.inner_optimizer.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert int(opt.overflow_count.numpy()) == 0  # not recorded by stock Keras
