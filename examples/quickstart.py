@@ -103,8 +103,10 @@ def main(argv):
 
     keras.utils.set_random_seed(FLAGS.seed)
     model = build_model()
+    # Under mixed_float16 this is keras_amp's bounded loss scaler; otherwise the Adam unchanged.
+    optimizer = keras_amp.wrap(keras.optimizers.Adam(1e-3))
     model.compile(
-        optimizer=keras.optimizers.Adam(1e-3),
+        optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
@@ -113,7 +115,7 @@ def main(argv):
         make_dataset(FLAGS.batch_size, FLAGS.seed),
         epochs=FLAGS.epochs,
         steps_per_epoch=FLAGS.steps_per_epoch,
-        callbacks=[timer.callback],
+        callbacks=[timer.callback, keras_amp.callbacks.LossScaleMonitor()],
         shuffle=False,  # the dataset shuffles itself
         verbose=2,
     )
@@ -122,6 +124,8 @@ def main(argv):
         raise SystemExit(f"non-finite loss: {losses}")
     if timer.times:
         print(f"median step time after warm-up: {1e3 * float(np.median(timer.times)):.1f} ms")
+    if isinstance(optimizer, keras_amp.LossScaleOptimizer):
+        print(f"loss scale {optimizer.scale:g}, skipped steps {int(optimizer.overflow_count.numpy())}")
     print(f"final loss {losses[-1]:.3g}, accuracy {history.history['accuracy'][-1]:.3f}")
     keras_amp.disable()
 
