@@ -3,7 +3,7 @@
     keras_amp.enable()            # before building the model: picks bf16/fp16/fp32 by hardware
 """
 
-from keras_amp import callbacks, layers, losses, optimizers
+from keras_amp import callbacks, distribute, layers, losses, optimizers
 from keras_amp.hardware import DeviceInfo, GpuInfo
 from keras_amp.optimizers import LossScaleOptimizer, MinScaleError, wrap
 from keras_amp.policy import AmpConfig, AmpWarning, config, disable, enable
@@ -21,6 +21,7 @@ __all__ = [
     "callbacks",
     "config",
     "disable",
+    "distribute",
     "enable",
     "layers",
     "losses",

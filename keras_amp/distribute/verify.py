@@ -1,0 +1,206 @@
+"""`verify(strategy)`: every replica and worker runs the same precision settings, or all of them fail.
+
+The fields come from `AmpConfig.fingerprint_fields()` (policy, per-layer policies, loss-scale
+config, TF32, TF/Keras versions), the single definition of "settings that must match". Each field
+is hashed to an int64 and the vectors are all-gathered, so every worker sees the same table and
+raises the same error naming the differing fields; nothing waits on a worker that already failed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from keras_amp import policy as amp_policy
+
+_MAX_SHOWN = 160  # characters of a differing value shown per worker (layer_policies can be long)
+
+
+class FingerprintMismatchError(ValueError):
+    """Workers of one strategy run different precision settings.
+
+    Attributes:
+        fields: Sorted list of the field names that differ.
+        values: Dict field -> list of each worker's value (by worker index).
+    """
+
+    def __init__(self, message: str, fields: list[str], values: dict[str, list[str]]):
+        super().__init__(message)
+        self.fields = fields
+        self.values = values
+
+
+def current_config() -> amp_policy.AmpConfig:
+    """`keras_amp.config()`, or a description of the global Keras policy when not enabled."""
+    config = amp_policy.config()
+    if config is not None:
+        return config
+    dtype_policy = keras.config.dtype_policy()
+    return amp_policy.AmpConfig(
+        policy=dtype_policy.name,
+        compute_dtype=dtype_policy.compute_dtype,
+        variable_dtype=dtype_policy.variable_dtype,
+        loss_scaling=dtype_policy.compute_dtype == "float16",
+        tf32=bool(tf.config.experimental.tensor_float_32_execution_enabled()),
+        device="",
+        requested="keras global policy",
+        reason="keras_amp.enable() not called",
+    )
+
+
+def _hash64(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big", signed=True)
+
+
+def _all_gather(strategy: tf.distribute.Strategy, array: np.ndarray, options) -> np.ndarray:
+    """Gathers a 1-D array from every replica: shape [num_replicas_in_sync, len(array)]."""
+    value = tf.constant(array[None, :])
+
+    def gather():
+        return tf.distribute.get_replica_context().all_gather(value, axis=0, options=options)
+
+    # Inside a tf.function: eager collectives under MultiWorkerMirroredStrategy are slow and warn.
+    gathered = tf.function(lambda: strategy.run(gather))()
+    return strategy.experimental_local_results(gathered)[0].numpy()
+
+
+def _gather_strings(strategy, texts: list[str], options) -> list[list[str]]:
+    """All-gathers short strings (as padded utf-8 bytes): result[replica][i]."""
+    blobs = [t.encode("utf-8") for t in texts]
+    lengths = _all_gather(strategy, np.array([len(b) for b in blobs], np.int64), options)
+    width = int(lengths.max()) if lengths.size else 0
+    padded = np.zeros((len(blobs), max(width, 1)), np.int32)
+    for i, b in enumerate(blobs):
+        padded[i, : len(b)] = np.frombuffer(b, np.uint8)
+    table = _all_gather(strategy, padded.reshape(-1), options).reshape(lengths.shape[0], len(blobs), -1)
+    return [
+        [bytes(table[r, i, : lengths[r, i]].astype(np.uint8)).decode("utf-8", "replace") for i in range(len(blobs))]
+        for r in range(lengths.shape[0])
+    ]
+
+
+def _barrier(strategy) -> None:
+    """One more collective before the caller raises (and probably exits).
+
+    Collectives are pulled from the peer: a worker that leaves a collective first and exits at once
+    can take its buffers with it, and the slower worker then dies of "peer unavailable" instead of
+    raising the mismatch error. After this barrier every worker holds all phase-3 data, so an error
+    here (peer already gone) is ignored: the message is already complete.
+    """
+    try:
+        _all_gather(strategy, np.zeros(1, np.int64), tf.distribute.experimental.CommunicationOptions(timeout_seconds=30))
+    except (tf.errors.OpError, RuntimeError) as e:  # noqa: PERF203
+        logging.info("keras_amp.distribute.verify: barrier before raising failed (%s); raising anyway", e)
+
+
+def _worker_of_replica(strategy) -> list[int]:
+    local = len(getattr(strategy.extended, "worker_devices", ())) or 1
+    return [r // local for r in range(strategy.num_replicas_in_sync)]
+
+
+def verify(
+    strategy: tf.distribute.Strategy,
+    *,
+    model: Any = None,
+    optimizer: Any = None,
+    timeout_seconds: float | None = None,
+) -> dict[str, str]:
+    """Checks that every replica and worker of `strategy` runs the same precision settings.
+
+    Call it on every worker at the same point of the program (it runs collectives).
+
+    Args:
+        strategy: A `tf.distribute.Strategy`.
+        model: Keras model or None. Adds the per-layer dtype policies to the comparison.
+        optimizer: Keras optimizer or None. Adds the loss-scale configuration.
+        timeout_seconds: Float or None. Collective timeout for the check; None uses the
+            strategy's communication options.
+
+    Returns:
+        This worker's fingerprint fields (identical on every worker when it returns).
+
+    Raises:
+        FingerprintMismatchError: (a ValueError) on every worker, naming the fields that differ
+            and each worker's value.
+
+    Example:
+        >>> keras_amp.enable("mixed_bfloat16")
+        >>> strategy = keras_amp.distribute.multi_worker(timeout_seconds=300)  # verifies already
+        >>> keras_amp.distribute.verify(strategy, model=model, optimizer=model.optimizer)
+    """
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise TypeError(f"`strategy` must be a tf.distribute.Strategy. Received: strategy={strategy!r}")
+    if timeout_seconds is not None and timeout_seconds <= 0:
+        raise ValueError(f"`timeout_seconds` must be None or > 0. Received: timeout_seconds={timeout_seconds!r}")
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout_seconds)
+    fields = current_config().fingerprint_fields(model=model, optimizer=optimizer)
+    names = sorted(fields)
+    if strategy.num_replicas_in_sync == 1:
+        return fields
+
+    # Phase 1: the set of field names (one int64), so phase 2's vectors have equal lengths.
+    name_hashes = _all_gather(strategy, np.array([_hash64("\n".join(names))], np.int64), options)
+    if len(set(name_hashes[:, 0].tolist())) > 1:
+        per_replica = _gather_strings(strategy, [",".join(names)], options)
+        values = {"field names": [row[0] for row in per_replica]}
+        error = FingerprintMismatchError(_message(strategy, ["field names"], values), ["field names"], values)
+        _barrier(strategy)
+        raise error
+
+    # Phase 2: one hash per field; every worker computes the same list of differing fields.
+    table = _all_gather(strategy, np.array([_hash64(fields[n]) for n in names], np.int64), options)
+    differ = [n for j, n in enumerate(names) if len(set(table[:, j].tolist())) > 1]
+    if differ:
+        # Phase 3 (only on mismatch, identically on every worker): the readable values.
+        per_replica = _gather_strings(strategy, [fields[n] for n in differ], options)
+        values = {n: [row[i] for row in per_replica] for i, n in enumerate(differ)}
+        error = FingerprintMismatchError(_message(strategy, differ, values), differ, values)
+        _barrier(strategy)
+        raise error
+    logging.info("keras_amp.distribute.verify: %d replicas agree on %s", strategy.num_replicas_in_sync, names)
+    return fields
+
+
+def _differing_parts(per_worker: dict[int, str]) -> dict[int, str]:
+    """Each worker's value cut down to what differs: JSON object keys / list items, else the text."""
+    try:
+        parsed = {w: json.loads(v) for w, v in per_worker.items()}
+    except ValueError:
+        parsed = None
+    if parsed and all(isinstance(p, dict) for p in parsed.values()):
+        keys = sorted({k for p in parsed.values() for k in p})
+        diff = [k for k in keys if len({json.dumps(p.get(k), sort_keys=True) for p in parsed.values()}) > 1]
+        return {w: json.dumps({k: p.get(k) for k in diff}) for w, p in parsed.items()}
+    if parsed and all(isinstance(p, list) for p in parsed.values()) and len({len(p) for p in parsed.values()}) == 1:
+        rows = zip(*parsed.values())
+        diff = [i for i, row in enumerate(rows) if len({json.dumps(r) for r in row}) > 1]
+        return {w: json.dumps([p[i] for i in diff]) for w, p in parsed.items()}
+    return per_worker
+
+
+def _message(strategy, differ: list[str], values: dict[str, list[str]]) -> str:
+    workers = _worker_of_replica(strategy)
+    lines = [
+        "Every worker must run the same precision settings (keras_amp.enable() policy, per-layer "
+        f"policies, loss-scale settings, TF32, TF/Keras versions). Received different {', '.join(differ)}:"
+    ]
+    for field in differ:
+        seen = {}
+        for replica, value in enumerate(values[field]):
+            seen.setdefault(workers[replica], value)
+        shown = ", ".join(
+            f"worker {w}: {v[:_MAX_SHOWN] + ('...' if len(v) > _MAX_SHOWN else '')}"
+            for w, v in sorted(_differing_parts(seen).items())
+        )
+        lines.append(f"  {field}: {shown}")
+    lines.append(
+        "Start every worker with the same keras_amp.enable() arguments, model code and optimizer "
+        "settings (enable() before building the model)."
+    )
+    return "\n".join(lines)

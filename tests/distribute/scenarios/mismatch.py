@@ -1,0 +1,46 @@
+"""2 workers; worker 1 differs from worker 0 in one precision setting. Every worker must fail fast.
+
+argv: field timeout
+  field: "policy" | "tf32" (differ at strategy creation) | "tier" | "layer_policies" (differ at fit)
+"""
+
+import sys
+import time
+
+import common
+import keras
+
+import keras_amp
+import keras_amp.distribute  # noqa: F401
+import keras_amp.optimizers  # noqa: F401
+
+field, timeout = sys.argv[1], float(sys.argv[2])
+
+
+def main():
+    worker = common.task_index()
+    odd = worker == 1
+    policy = "mixed_float16" if field == "policy" and odd else "mixed_bfloat16"
+    keras_amp.enable(policy, tf32=odd if field == "tf32" else None)
+    start = time.monotonic()
+    stage = "multi_worker"
+    try:
+        strategy = keras_amp.distribute.multi_worker(timeout_seconds=timeout)
+        stage = "fit"
+        with strategy.scope():
+            model = common.build_model()
+            if field == "layer_policies" and odd:
+                model.layers[0].dtype_policy = "float32"  # e.g. a float32 island on one worker only
+            tier = "large" if field == "tier" and odd else "small"
+            optimizer = keras_amp.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05), tier=tier)
+            model.compile(optimizer=optimizer, loss="mse")
+        x, y = common.data()
+        start = time.monotonic()
+        model.fit(common.dataset(x, y), epochs=1, verbose=0)
+    except keras_amp.distribute.FingerprintMismatchError as e:
+        common.emit(worker=worker, stage=stage, fields=e.fields, message=str(e), seconds=time.monotonic() - start)
+        return
+    common.emit(worker=worker, stage="none", fields=[], message="no mismatch detected", seconds=time.monotonic() - start)
+
+
+common.run(main)
