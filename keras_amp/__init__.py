@@ -4,9 +4,12 @@
 """
 
 from keras_amp import callbacks, distribute, layers, losses, optimizers
+from keras_amp import check, recipes  # after layers: recipes swap in keras_amp.layers
+from keras_amp.check import Finding, ModelReport, check_model
 from keras_amp.hardware import DeviceInfo, GpuInfo
 from keras_amp.optimizers import LossScaleOptimizer, MinScaleError, wrap
 from keras_amp.policy import AmpConfig, AmpWarning, config, disable, enable
+from keras_amp.recipes import RecipePlan, apply_recipe, plan_recipe
 
 __version__ = "0.1.0"
 
@@ -14,11 +17,17 @@ __all__ = [
     "AmpConfig",
     "AmpWarning",
     "DeviceInfo",
+    "Finding",
     "GpuInfo",
     "LossScaleOptimizer",
     "MinScaleError",
+    "ModelReport",
+    "RecipePlan",
     "__version__",
+    "apply_recipe",
     "callbacks",
+    "check",
+    "check_model",
     "config",
     "disable",
     "distribute",
@@ -26,5 +35,7 @@ __all__ = [
     "layers",
     "losses",
     "optimizers",
+    "plan_recipe",
+    "recipes",
     "wrap",
 ]

@@ -305,7 +305,7 @@ def warn_if_built_before_enable(model: Any, *, caller: str = "keras_amp") -> boo
         warnings.warn(
             f"{caller}: model {getattr(model, 'name', model)!r} computes in {', '.join(found)} "
             f"but keras_amp.enable() set {_config.policy!r}; it was probably built before enable(). "
-            "Build the model after keras_amp.enable(), or use keras_amp.apply_recipe() to set per-layer policies.",
+            "Build the model after keras_amp.enable(), or convert it with keras_amp.apply_recipe().",
             AmpWarning,
             stacklevel=3,
         )

@@ -1,0 +1,199 @@
+"""check_model: every finding kind appears for a model with the problem and not for the fixed model."""
+
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+
+import keras_amp
+from keras_amp import check
+from keras_amp import layers as amp_layers
+from keras_amp import recipes
+
+pytestmark = pytest.mark.filterwarnings("ignore:mixed_float16 requested:keras_amp.AmpWarning")
+
+
+def one_layer(layer, shape=(16,), dtype="float32"):
+    inp = keras.Input(shape, dtype=dtype)
+    return keras.Model(inp, layer(inp))
+
+
+def findings(model, kind):
+    return [(f.layer, f.kind) for f in check.check_model(model).of_kind(kind)]
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_softmax_in_16_bits(policy):
+    keras_amp.enable(policy)
+    assert findings(one_layer(keras.layers.Softmax(name="sm")), "low_precision_softmax") == [
+        ("sm", "low_precision_softmax")
+    ]
+    assert findings(one_layer(keras.layers.Dense(16, activation="softmax", name="d")), "low_precision_softmax")
+    # Fixed: keras_amp's Softmax under the same policy, or the stock layer in float32.
+    assert findings(one_layer(amp_layers.Softmax(name="sm")), "low_precision_softmax") == []
+    assert findings(one_layer(keras.layers.Softmax(dtype="float32")), "low_precision_softmax") == []
+
+
+def test_attention_and_recurrence_in_16_bits():
+    keras_amp.enable("mixed_float16")
+    inp = keras.Input((4, 16))
+    x = keras.layers.MultiHeadAttention(2, 8, dropout=0.1, name="mha")(inp, inp)
+    out = keras.layers.LSTM(16, name="lstm")(keras.layers.GRU(16, return_sequences=True, name="gru")(x))
+    report = check.check_model(keras.Model(inp, out))
+    assert [f.layer for f in report.of_kind("low_precision_softmax")] == ["mha"]  # not its inner softmax too
+    assert [f.layer for f in report.of_kind("low_precision_recurrence")] == ["gru", "lstm"]
+    fixed = recipes.apply_recipe(keras.Model(inp, out), "transformer")
+    fixed = recipes.apply_recipe(fixed, "rnn")
+    assert isinstance(fixed.get_layer("mha"), amp_layers.MultiHeadAttention)
+    report = check.check_model(fixed)
+    assert not report.of_kind("low_precision_softmax") and not report.of_kind("low_precision_recurrence")
+
+
+class UserNorm(keras.layers.Layer):
+    def call(self, x):
+        return x / keras.ops.sqrt(keras.ops.mean(keras.ops.square(x), axis=-1, keepdims=True))
+
+
+def test_normalization_in_16_bits_only_for_layers_that_do_not_upcast():
+    keras_amp.enable("mixed_float16")
+    assert findings(one_layer(UserNorm(name="n")), "low_precision_normalization") == [
+        ("n", "low_precision_normalization")
+    ]
+    assert findings(one_layer(keras.layers.UnitNormalization(name="u")), "low_precision_normalization")
+    # Stock LayerNormalization/GroupNormalization compute in float32 from float32 inputs: not flagged.
+    for layer in (keras.layers.LayerNormalization(), keras.layers.GroupNormalization(groups=2)):
+        assert findings(one_layer(layer), "low_precision_normalization") == []
+    # Stock BatchNormalization/RMSNormalization autocast float32 inputs to float16 first: flagged.
+    for layer in (keras.layers.BatchNormalization(name="bn"), keras.layers.RMSNormalization(name="rms")):
+        assert findings(one_layer(layer), "low_precision_normalization") == [
+            (layer.name, "low_precision_normalization")
+        ]
+    assert findings(one_layer(amp_layers.BatchNormalization()), "low_precision_normalization") == []
+    assert findings(one_layer(amp_layers.RMSNormalization()), "low_precision_normalization") == []
+    assert findings(one_layer(UserNorm(dtype="float32")), "low_precision_normalization") == []
+    assert findings(one_layer(amp_layers.Float32(UserNorm())), "low_precision_normalization") == []
+
+
+def test_exp_activation_in_float16_but_not_bfloat16():
+    keras_amp.enable("mixed_float16")
+    assert findings(one_layer(keras.layers.Activation("exponential", name="e")), "low_precision_exp") == [
+        ("e", "low_precision_exp")
+    ]
+    assert findings(one_layer(keras.layers.Activation("exponential", dtype="float32")), "low_precision_exp") == []
+    keras_amp.enable("mixed_bfloat16")  # float32's exponent range: exp(88) does not overflow
+    assert findings(one_layer(keras.layers.Activation("exponential")), "low_precision_exp") == []
+
+
+def test_losses_in_16_bits():
+    keras_amp.enable("mixed_float16")
+    model = one_layer(keras.layers.Dense(16, activity_regularizer="l2", name="reg"))
+    assert findings(model, "low_precision_loss") == [("reg", "low_precision_loss")]
+    model.compile("adam", loss=keras.losses.MeanSquaredError(dtype="float16"))
+    assert ("functional", "low_precision_loss") in findings(model, "low_precision_loss")
+    fixed = one_layer(keras.layers.Dense(16, activity_regularizer="l2", dtype="float32"))
+    fixed.compile("adam", loss=keras.losses.MeanSquaredError())
+    assert findings(fixed, "low_precision_loss") == []
+
+
+def test_output_not_float32_and_fixed_by_recipe():
+    keras_amp.enable("mixed_bfloat16")
+    inp = keras.Input((16,))
+    model = keras.Model(inp, keras.layers.Dense(8, name="head")(keras.layers.Dense(16)(inp)))
+    assert findings(model, "output_not_float32") == [("head", "output_not_float32")]
+    assert findings(recipes.apply_recipe(model, "transformer"), "output_not_float32") == []
+    assert findings(one_layer(amp_layers.OutputHead(8)), "output_not_float32") == []
+
+
+def test_low_precision_variables():
+    keras.config.set_dtype_policy("float16")  # float16 variables, no keras_amp involved
+    assert findings(one_layer(keras.layers.Dense(16, name="d")), "low_precision_variables") == [
+        ("d", "low_precision_variables")
+    ]
+    keras_amp.enable("mixed_float16")
+    assert findings(one_layer(keras.layers.Dense(16)), "low_precision_variables") == []
+
+
+def test_float16_training_without_loss_scaling():
+    # Built under float32 with float16 layers: Keras does not auto-wrap (the model's policy is float32).
+    inp = keras.Input((16,))
+    model = keras.Model(inp, keras.layers.Dense(16, dtype="mixed_float16", name="d")(inp))
+    model.compile("sgd", "mse")
+    assert not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)  # guard: Keras did not wrap
+    assert findings(model, "no_loss_scaling") == [("functional", "no_loss_scaling")]
+    model.compile(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()), "mse")
+    assert findings(model, "no_loss_scaling") == []
+    # Built under mixed_float16: compile() wraps by itself, nothing to report.
+    keras_amp.enable("mixed_float16")
+    model = one_layer(keras.layers.Dense(16))
+    model.compile("sgd", "mse")
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert findings(model, "no_loss_scaling") == []
+    # bfloat16 needs no loss scaling.
+    keras_amp.enable("mixed_bfloat16")
+    model = one_layer(keras.layers.Dense(16))
+    model.compile("sgd", "mse")
+    assert findings(model, "no_loss_scaling") == []
+
+
+def test_dimensions_not_multiple_of_8():
+    keras_amp.enable("mixed_bfloat16")
+    model = one_layer(keras.layers.Dense(12, name="d"), shape=(16,))
+    (finding,) = check.check_model(model).of_kind("dimension_not_multiple_of_8")
+    assert finding.layer == "d" and "units=12" in finding.message and "units 12 -> 16" in finding.fix
+    conv = one_layer(keras.layers.Conv2D(10, 3, name="c"), shape=(8, 8, 16))
+    assert findings(conv, "dimension_not_multiple_of_8") == [("c", "dimension_not_multiple_of_8")]
+    emb = one_layer(keras.layers.Embedding(100, 30, name="e"), shape=(4,), dtype="int32")
+    assert findings(emb, "dimension_not_multiple_of_8") == [("e", "dimension_not_multiple_of_8")]
+    assert findings(one_layer(keras.layers.Dense(16), shape=(16,)), "dimension_not_multiple_of_8") == []
+    # In float32 there are no 16-bit tensor cores to miss.
+    assert findings(one_layer(keras.layers.Dense(12, dtype="float32")), "dimension_not_multiple_of_8") == []
+
+
+def test_report_is_data_and_readable():
+    keras_amp.enable("mixed_float16")
+    inp = keras.Input((16,))
+    x = keras.layers.Dense(16, activation="softmax", name="probs")(inp)
+    report = check.check_model(keras.Model(inp, x, name="clf"))
+    assert not report.ok and report.kinds() == {"low_precision_softmax", "output_not_float32"}
+    first = report.findings[0]
+    assert dataclasses.asdict(first).keys() == {"kind", "layer", "message", "fix"}
+    text = str(report)
+    assert text.startswith("check_model('clf'): 2 finding(s)")
+    assert "[low_precision_softmax] probs:" in text and "fix:" in text
+    assert all(f.kind in check.KINDS for f in report.findings)
+    with pytest.raises(ValueError, match="Received: kind='softmax'"):
+        report.of_kind("softmax")
+    with pytest.raises(TypeError, match="Received: model of type Dense"):
+        check.check_model(keras.layers.Dense(3))
+
+
+def test_recipe_models_check_clean_except_known_dimensions():
+    keras_amp.enable("mixed_float16")
+    inp = keras.Input((8, 16))
+    x = keras.layers.MultiHeadAttention(2, 8, dropout=0.1, name="mha")(inp, inp)
+    x = keras.layers.LayerNormalization()(keras.layers.Add()([inp, x]))
+    x = keras.layers.Dense(16, activation="softmax", name="probs")(keras.layers.Flatten()(x))
+    model = keras.Model(inp, x)
+    model.compile("adam", "mse")
+    assert check.check_model(model).kinds() == {"low_precision_softmax", "output_not_float32"}
+    fixed = recipes.apply_recipe(model, "transformer")
+    assert check.check_model(fixed).ok, str(check.check_model(fixed))
+    np.testing.assert_array_equal(fixed.get_layer("probs").kernel.numpy(), model.get_layer("probs").kernel.numpy())
+
+
+def test_model_built_before_enable_is_found_and_apply_recipe_converts_it():
+    stale = keras.Sequential([keras.Input((16,)), keras.layers.Dense(16, name="d1"), keras.layers.Dense(8, name="d2")])
+    keras_amp.enable("mixed_bfloat16")
+    with pytest.warns(keras_amp.AmpWarning, match=r"built before enable\(\)"):
+        report = check.check_model(stale)
+    assert [(f.kind, f.layer) for f in report.of_kind("built_before_enable")] == [("built_before_enable", stale.name)]
+    assert "apply_recipe" in report.of_kind("built_before_enable")[0].fix
+    # apply_recipe gives every layer its planned policy, so it converts a stale model silently.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", keras_amp.AmpWarning)
+        converted = recipes.apply_recipe(stale, "cnn", rules={"d1": "mixed_bfloat16"})
+        assert converted.get_layer("d1").dtype_policy.name == "mixed_bfloat16"
+        assert not check.check_model(converted).of_kind("built_before_enable")
