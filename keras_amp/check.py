@@ -247,8 +247,8 @@ def _stale_findings(model) -> list[Finding]:
         return []
     return [Finding(
         "built_before_enable", model.name,
-        f"every Dense/Conv/Embedding/attention layer uses another policy than keras_amp.enable()'s "
-        f"{config.policy!r}: the model was built before enable()",
+        f"no Dense/Conv/Embedding/attention layer computes in keras_amp.enable()'s {config.policy!r}: "
+        "the model was probably built before enable(), so mixed precision does nothing for it",
         "build the model after keras_amp.enable(), or convert it with keras_amp.apply_recipe()",
     )]
 

@@ -303,8 +303,10 @@ def warn_if_built_before_enable(model: Any, *, caller: str = "keras_amp") -> boo
     if heavy and len(stale) == len(heavy):
         found = sorted({l.dtype_policy.name for l in stale})
         warnings.warn(
-            f"{caller}: model {getattr(model, 'name', model)!r} computes in {', '.join(found)} "
-            f"but keras_amp.enable() set {_config.policy!r}; it was probably built before enable(). "
+            f"{caller}: every Dense/Conv/Embedding/attention layer of model "
+            f"{getattr(model, 'name', model)!r} computes in {', '.join(found)}, none in "
+            f"keras_amp.enable()'s {_config.policy!r}: it was probably built before enable() (or every "
+            "heavy layer was pinned to another dtype), so mixed precision does nothing for it. "
             "Build the model after keras_amp.enable(), or convert it with keras_amp.apply_recipe().",
             AmpWarning,
             stacklevel=3,
