@@ -9,10 +9,10 @@ methods, each small:
 - `_build_attention`: the softmax and the dropout on the probabilities are
   built as float32 layers.
 - `_compute_attention`: always the explicit path (never the fused
-  `ops.dot_product_attention`, whose QK^T runs in the compute dtype): query and
-  key are cast to float32 before scaling and the QK^T einsum, masking and
-  softmax are float32, and only the probabilities-times-value einsum runs in the
-  compute dtype.
+  `ops.dot_product_attention`, whose QK^T runs in the compute dtype): the scaled
+  QK^T has a float32 result (`float32_scores`: float32 forward matmul, gradient
+  matmuls in the compute dtype), masking and softmax are float32, and the
+  probabilities-times-value einsum runs in the compute dtype.
 
 `tests/layers/test_attention.py` pins the source of these stock methods (and of
 `_masked_softmax` and `call`, which we rely on) so a Keras upgrade that changes
@@ -20,6 +20,7 @@ them fails a test instead of silently changing the numerics.
 """
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from keras_amp.layers.softmax import Softmax
@@ -28,15 +29,59 @@ from keras_amp.layers.softmax import Softmax
 KERAS_VERSION = "3.15.1"
 
 
+def _gradient_equations(equation):
+    """Einsum equations of d(key) and d(query) for `equation` "key,query->scores", or None.
+
+    Valid when every index of each operand appears in the other operand or in the output
+    (true of every equation MultiHeadAttention builds): then d(key) = einsum(g, query) and
+    d(query) = einsum(g, key) with the roles of the subscripts swapped.
+    """
+    inputs, out = equation.split("->")
+    key, query = inputs.split(",")
+    if not (set(key) <= set(query + out) and set(query) <= set(key + out)):
+        return None
+    return f"{out},{query}->{key}", f"{out},{key}->{query}"
+
+
+def float32_scores(equation, key, query, scale):
+    """`einsum(equation, key, query * scale)` with a float32 result, exact for 16-bit inputs.
+
+    The forward matmul runs on float32 copies: the products of two 16-bit numbers are exact
+    in float32, and the float32 output neither overflows (float16) nor rounds each logit to
+    8 bits (bfloat16). The two gradient matmuls run in the inputs' (compute) dtype, as in the
+    stock layer: the gradients of `key` and `query` are rounded to that dtype anyway, and the
+    16-bit matmuls are ~2x faster on oneDNN/tensor cores (measured on this CPU: fwd+bwd of the
+    scores 19.9 ms in float32, 15.9 ms with 16-bit gradients, 12.3 ms all-bfloat16). A float16
+    gradient that overflows becomes inf, which the loss-scale optimizer skips.
+    """
+    equations = _gradient_equations(equation)
+    low = key.dtype
+    if low == tf.float32 or equations is None:
+        return ops.einsum(equation, ops.cast(key, "float32"), ops.multiply(ops.cast(query, "float32"), scale))
+    d_key_eq, d_query_eq = equations
+
+    @tf.custom_gradient
+    def scores(key, query):
+        result = tf.einsum(equation, tf.cast(key, tf.float32), tf.cast(query, tf.float32) * scale)
+
+        def grad(upstream):
+            g = tf.cast(upstream * scale, low)
+            return tf.einsum(d_key_eq, g, query), tf.einsum(d_query_eq, g, key)
+
+        return result, grad
+
+    return scores(key, ops.cast(query, low))
+
+
 @keras.saving.register_keras_serializable(package="keras_amp")
 class MultiHeadAttention(keras.layers.MultiHeadAttention):
     """`keras.layers.MultiHeadAttention` with float32 attention scores.
 
     Takes the same arguments as `keras.layers.MultiHeadAttention` and has the
     same weights. On every path (dropout, `return_attention_scores=True`,
-    masks, `use_causal_mask=True`): query and key are cast to float32, then
-    the scaling, QK^T, masking (with a float32 large negative number) and
-    softmax are float32; the dropout on the probabilities is float32; the
+    masks, `use_causal_mask=True`): the scaling and QK^T are computed in float32
+    (its gradient matmuls in the compute dtype), masking (with a float32 large
+    negative number) and softmax are float32; the dropout on the probabilities is float32; the
     probabilities are cast to the compute dtype for the value einsum; the
     projections and output are in the compute dtype. Returned attention
     scores are float32. Flash attention is not used (`flash_attention=True`
@@ -98,12 +143,9 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         # QK^T sums key_dim products: entries near 300 already exceed float16's
         # 65504, and bfloat16 rounds each logit to 8 bits. Scale, dot product,
         # mask and softmax therefore run in float32.
-        query = ops.multiply(
-            ops.cast(query, "float32"),
-            ops.cast(self._inverse_sqrt_key_dim, "float32"),
+        attention_scores = float32_scores(
+            self._dot_product_equation, key, query, float(self._inverse_sqrt_key_dim)
         )
-        key = ops.cast(key, "float32")
-        attention_scores = ops.einsum(self._dot_product_equation, key, query)
         attention_scores = self._masked_softmax(attention_scores, attention_mask)
         if self._dropout > 0.0:
             final_attn_scores = self._dropout_layer(attention_scores, training=training)

@@ -159,3 +159,39 @@ def test_guard_stock_keras_unchanged():
         "Stock MultiHeadAttention changed: re-check keras_amp/layers/attention.py "
         f"against it, then update PINNED_SHA256. Now: {digests}"
     )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_float32_scores_exact_forward_and_compute_dtype_gradients(dtype):
+    # MultiHeadAttention's own equation and layout: key (B, S, H, D), query (B, T, H, D).
+    equation = "aecd,abcd->acbe"
+    rng = np.random.default_rng(7)
+    # Integers up to 300 (exact in float16; bfloat16 rounds them, so the reference uses the
+    # rounded values): their products (~9e4) overflow float16.
+    key = tf.constant(rng.integers(-300, 301, (2, 6, 2, 16)), tf.float32)
+    query = tf.constant(rng.integers(-300, 301, (2, 5, 2, 16)), tf.float32)
+    key16, query16 = tf.cast(key, dtype), tf.cast(query, dtype)
+    scale = 0.25
+    with tf.GradientTape() as tape:
+        tape.watch([key16, query16])
+        scores = attention.float32_scores(equation, key16, query16, scale)
+        loss = tf.reduce_sum(tf.sin(scores / 1e4))
+    d_key, d_query = tape.gradient(loss, [key16, query16])
+    k64, q64 = np64(key16), np64(query16)
+    ref = np.einsum(equation, k64, q64) * scale
+    assert scores.dtype == tf.float32
+    assert np.abs(ref).max() > 65504  # the float16 overflow case was really reached
+    np.testing.assert_allclose(np64(scores), ref, rtol=1e-6)  # float32 accumulation of exact products
+    # Gradients come back in the compute dtype and match float64 to its precision.
+    assert d_key.dtype == dtype and d_query.dtype == dtype
+    g = np.cos(ref / 1e4) / 1e4 * scale
+    ref_d_query = np.einsum("acbe,aecd->abcd", g, k64)
+    ref_d_key = np.einsum("acbe,abcd->aecd", g, q64)
+    for got, want in ((d_query, ref_d_query), (d_key, ref_d_key)):
+        np.testing.assert_allclose(np64(got), want, atol=8 * u("mixed_" + dtype) * np.abs(want).max())
+
+
+def test_float32_scores_gradient_equations():
+    assert attention._gradient_equations("aecd,abcd->acbe") == ("acbe,abcd->aecd", "acbe,aecd->abcd")
+    # An index summed away from one operand alone has no einsum gradient of this form.
+    assert attention._gradient_equations("aecdz,abcd->acbe") is None
