@@ -1,6 +1,7 @@
 """Loss-scale optimizers: `LossScaleOptimizer`, its tiers, and `wrap()`."""
 
-from keras_amp.optimizers.loss_scale_optimizer import LossScaleOptimizer, MinScaleError
+from keras_amp.optimizers.loss_scale_optimizer import LossScaleOptimizer
+from keras_amp.optimizers.scale_log import MinScaleError
 from keras_amp.optimizers.tiers import TIERS, TierValues, choose_tier
 from keras_amp.optimizers.wrap import wrap
 

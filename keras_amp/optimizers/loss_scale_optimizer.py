@@ -1,5 +1,7 @@
 """`LossScaleOptimizer`: bounded, tiered, logged, replica-consistent dynamic loss scaling.
 
+Host-side logging of scale changes lives in `scale_log.py`.
+
 Private Keras methods overridden here (no public hook exists), written against Keras 3.15.1 and
 guarded by tests/test_keras_guards_optimizer.py: `build`, `apply`, `_tf_apply`, `_common_apply`,
 `_stateful_handle_finite_grads`, `_stateful_handle_non_finite_grads`, `stateless_apply`,
@@ -9,8 +11,6 @@ guarded by tests/test_keras_guards_optimizer.py: `build`, `apply`, `_tf_apply`, 
 from __future__ import annotations
 
 import math
-import threading
-import time
 from numbers import Integral, Real
 
 import keras
@@ -21,14 +21,11 @@ from keras.src.utils import tracking
 from tensorflow.python.ops import control_flow_util
 
 from keras_amp.optimizers import tiers
+from keras_amp.optimizers.scale_log import MinScaleError, ScaleLog
 
 ON_MIN_SCALE = ("warn", "raise", "ignore")
 # Stock Keras 3.15.1 optimizer layout: iteration, learning_rate, step_counter, dynamic_scale.
 _STOCK_OWN_VARIABLES = 4
-
-
-class MinScaleError(RuntimeError):
-    """Training overflows persistently even at `min_scale` and `on_min_scale="raise"`."""
 
 
 def _check_real(name, value, *, allow_none=True):
@@ -52,24 +49,6 @@ def _check_int(name, value, *, allow_none=True):
     if value < 1:
         raise ValueError(f"`{name}` must be an integer >= 1. Received: {name}={value}")
     return int(value)
-
-
-class _RateLimiter:
-    """At most `per_minute` log lines per rolling minute; counts what it suppressed."""
-
-    def __init__(self, per_minute):
-        self.per_minute = per_minute
-        self.stamps = []
-        self.suppressed = 0
-
-    def allow(self):
-        now = time.monotonic()
-        self.stamps = [t for t in self.stamps if now - t < 60.0]
-        if len(self.stamps) < self.per_minute:
-            self.stamps.append(now)
-            return True
-        self.suppressed += 1
-        return False
 
 
 @keras.saving.register_keras_serializable(package="keras_amp")
@@ -189,10 +168,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.dynamic = dynamic
         self.on_min_scale = on_min_scale
         self.resolved_tier = None
-        self._lock = threading.Lock()
-        self._host_scale = None
-        self._warned_min_scale = False
-        self._limiter = _RateLimiter(self.log_lines_per_minute)
+        self._scale_log = ScaleLog()
         if tier == tiers.AUTO:
             # Known only at build time; check what can be checked now.
             for key, value in self._explicit.items():
@@ -207,7 +183,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             setattr(self, key, value if value is not None else getattr(values, key))
         self.resolved_tier = values.name
         self._check_bounds(partial=False)
-        self._host_scale = self.initial_scale
+        self._scale_log.known_scale = self.initial_scale
 
     def _check_bounds(self, partial):
         lo, hi, init = self.min_scale, self.max_scale, self.initial_scale
@@ -324,7 +300,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                          "overflow counters start at 0.", self.name)
         else:
             super().load_own_variables(store)
-        self._host_scale = self.scale
+        self._scale_log.known_scale = self.scale
 
     # ----------------------------------------------------------------- the step
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
@@ -451,14 +427,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                                           self._overflows_at_min_scale], [])
 
     def _host_event(self, kind, step, old, new, consecutive, at_min):
-        old, new = float(old.numpy()), float(new.numpy())
-        with self._lock:
-            self._host_scale = new
-        if new != old:
-            why = ("%d consecutive overflow(s), hysteresis=%d" % (int(consecutive), self.hysteresis)
-                   if int(kind) == 0 else "%d finite steps" % self.dynamic_growth_steps)
-            self._log_change(int(step), old, new, why)
-        self._enforce_min_scale(int(at_min), new, int(step))
+        self._scale_log.event(self, int(kind), int(step), float(old.numpy()),
+                              float(new.numpy()), int(consecutive), int(at_min))
 
     def host_check(self):
         """Reads the state (a host sync: call it at cheap points), logs unlogged scale changes,
@@ -472,37 +442,5 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             "overflows_at_min_scale": int(ops.convert_to_numpy(self._overflows_at_min_scale)),
             "total_steps": int(ops.convert_to_numpy(self._iterations)),
         }
-        with self._lock:
-            old, self._host_scale = self._host_scale, state["loss_scale"]
-        if old is not None and old != state["loss_scale"]:
-            why = ("backed off after overflows" if state["loss_scale"] < old
-                   else "grew after finite steps")
-            self._log_change(state["total_steps"], old, state["loss_scale"], why + " (host check)")
-        self._enforce_min_scale(state["overflows_at_min_scale"], state["loss_scale"],
-                                state["total_steps"])
+        self._scale_log.check(self, state)
         return state
-
-    def _log_change(self, step, old, new, why):
-        with self._lock:
-            if not self._limiter.allow():
-                return
-            suppressed, self._limiter.suppressed = self._limiter.suppressed, 0
-        logging.info("LossScaleOptimizer %r step %d: loss scale %g -> %g (%s)%s", self.name, step,
-                     old, new, why,
-                     f"; {suppressed} earlier change(s) not logged (rate limit)" if suppressed else "")
-
-    def _enforce_min_scale(self, at_min, scale, step):
-        if at_min < self.min_scale_patience or self.on_min_scale == "ignore":
-            return
-        where = (f"at min_scale={self.min_scale:g}" if self.dynamic
-                 else f"at the static scale {scale:g}")
-        msg = (f"LossScaleOptimizer {self.name!r}: {at_min} consecutive steps overflowed {where} "
-               f"(step {step}); they are skipped. Try a lower `initial_scale`/`min_scale`, move "
-               "the offending layers to float32 (dtype='float32'), or check the data for NaN/inf.")
-        if self.on_min_scale == "raise":
-            raise MinScaleError(msg)
-        with self._lock:
-            warned, self._warned_min_scale = self._warned_min_scale, True
-        if not warned:
-            logging.warning(msg)
-
