@@ -21,7 +21,7 @@ from keras.src.utils import tracking
 from tensorflow.python.ops import control_flow_util
 
 from keras_amp.optimizers import tiers
-from keras_amp.optimizers.scale_log import MinScaleError, ScaleLog
+from keras_amp.optimizers.scale_log import ScaleLog
 
 ON_MIN_SCALE = ("warn", "raise", "ignore")
 # Stock Keras 3.15.1 optimizer layout: iteration, learning_rate, step_counter, dynamic_scale.

@@ -8,7 +8,6 @@ import sys
 
 import common  # noqa: F401  (sets TF_CPP_MIN_LOG_LEVEL before TensorFlow loads)
 import keras
-import numpy as np
 import tensorflow as tf
 
 import keras_amp

@@ -13,7 +13,6 @@ import time
 
 import common
 import keras
-import numpy as np
 
 import keras_amp
 import keras_amp.distribute  # noqa: F401
