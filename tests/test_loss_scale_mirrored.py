@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.distributed
+
 SCRIPT = Path(__file__).parent / "scenarios" / "mirrored_overflow.py"
 
 
