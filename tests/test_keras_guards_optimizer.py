@@ -5,14 +5,14 @@ and TensorFlow 2.21. When one of these fails, re-read the stock method, port the
 the override, then update the hash here.
 """
 
-import hashlib
-import inspect
 
 import keras
 import pytest
 import tensorflow as tf
 from keras.src.optimizers import loss_scale_optimizer as stock_module
 from tensorflow.python.ops import control_flow_util
+
+from tests.keras_guard import source_digest
 
 # sha256(inspect.getsource(...))[:16] of the stock methods, Keras 3.15.1.
 STOCK_LSO = {
@@ -36,8 +36,7 @@ BASE_OPTIMIZER = {
 }
 
 
-def _hash(fn):
-    return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16]
+_hash = source_digest
 
 
 def test_versions():

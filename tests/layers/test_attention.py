@@ -1,7 +1,5 @@
 """MultiHeadAttention: float32 QK^T/softmax on every path vs float64; stock float16 gives NaN."""
 
-import hashlib
-import inspect
 
 import keras
 import numpy as np
@@ -10,6 +8,7 @@ import tensorflow as tf
 
 from keras_amp.layers import MultiHeadAttention
 from keras_amp.layers import attention
+from tests.keras_guard import source_digest
 from tests.layers.conftest import MIXED, np64, softmax, u
 
 HEADS, KEY_DIM, DIM, T = 2, 4, 8, 5
@@ -152,7 +151,7 @@ def test_guard_stock_keras_unchanged():
     assert keras.__version__.startswith("3.15"), keras.__version__
     assert attention.KERAS_VERSION == "3.15.1"
     digests = {
-        name: hashlib.sha256(inspect.getsource(getattr(STOCK, name)).encode()).hexdigest()[:16]
+        name: source_digest(getattr(STOCK, name))
         for name in PINNED_SHA256
     }
     assert digests == PINNED_SHA256, (

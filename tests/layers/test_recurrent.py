@@ -1,7 +1,5 @@
 """LSTM/GRU: float32 gates and carried state vs a float64 NumPy loop; stock float16/bfloat16 drift."""
 
-import hashlib
-import inspect
 
 import keras
 import numpy as np
@@ -10,6 +8,7 @@ import tensorflow as tf
 
 from keras_amp.layers import GRU, LSTM
 from keras_amp.layers import recurrent
+from tests.keras_guard import source_digest
 from tests.layers.conftest import MIXED, np64, sigmoid, u
 
 UNITS = 4
@@ -197,8 +196,7 @@ PINNED_SHA256 = {
 }
 
 
-def _digest(fn):
-    return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16]
+_digest = source_digest
 
 
 def test_guard_stock_keras_unchanged():
