@@ -47,8 +47,7 @@ def _loop(opt, v, grad, n):
 def test_200_overflows_floor_at_min_scale_stock_reaches_zero():
     v, ours = _setup(initial_scale=2.0**15, min_scale=1.0)
     _loop(ours, v, INF, 200)
-    assert ours.scale == 1.0  # exact: halvings of a power of two, floored
-    assert ours.scale > 0
+    assert ours.scale == 1.0  # exact: halvings of a power of two, floored (so > 0)
     assert int(ours.overflow_count.numpy()) == 200
     assert int(ours.consecutive_overflows.numpy()) == 200
     sv, stock = _setup(keras.optimizers.LossScaleOptimizer, initial_scale=2.0**15)
@@ -192,6 +191,37 @@ def test_tf_function_logs_each_change_in_graph(caplog):
     assert "step 2: loss scale 16 -> 8" in msgs[1]
     opt.host_check()  # already logged in-graph: no duplicate line
     assert len([r for r in caplog.records if "loss scale" in r.getMessage()]) == 2
+
+
+def test_host_callback_only_when_the_scale_changes():
+    v, opt = _setup(initial_scale=8.0, dynamic_growth_steps=1, max_scale=16.0)
+    calls = []
+    opt._host_event = lambda *args: calls.append(float(args[3].numpy()))  # the new scale
+    _loop(opt, v, 1.0, 20)  # grows 8 -> 16 on the first step, then sits at max_scale
+    assert opt.scale == 16.0 and int(opt.total_steps.numpy()) == 20
+    assert calls == [16.0]  # one host round trip for the one change, none for the 19 capped steps
+
+
+def test_static_scale_is_not_bounded_by_the_tier():
+    v, opt = _setup(initial_scale=2.0**25, dynamic=False)  # above tier None's max_scale 2**24
+    _loop(opt, v, 1.0, 3)
+    _loop(opt, v, INF, 1)
+    assert opt.scale == 2.0**25 and int(opt.overflow_count.numpy()) == 1
+
+
+def test_stock_saved_zero_scale_is_clamped_on_load(tmp_path):
+    v = keras.Variable(np.ones(4, "float32"))
+    stock = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    stock.build([v])
+    stock.dynamic_scale.assign(0.0)  # what 1,100 halvings leave in stock Keras
+    store = {}
+    stock.save_own_variables(store)
+    ours = LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    ours.build([v])
+    ours.load_own_variables(store)
+    assert ours.scale == ours.min_scale == 1.0  # tier None floor, not 0.0
+    ours.apply([tf.fill([4], 0.5)], [v])
+    assert np.all(np.isfinite(v.numpy())) and np.allclose(v.numpy(), 1.0 - 0.1 * 0.5 / 1.0, atol=1e-7)
 
 
 # ------------------------------------------------------------------- validation
@@ -398,3 +428,5 @@ def test_stock_saved_state_loads_into_ours(tmp_path):
     for a, b in zip(opt.inner_optimizer.variables, stock.inner_optimizer.variables):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     assert int(opt.overflow_count.numpy()) == 0  # not recorded by stock Keras
+    # Stock never advances its own `iteration`: total_steps restarts from the applied steps.
+    assert int(opt.total_steps.numpy()) == int(opt.iterations.numpy())

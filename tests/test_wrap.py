@@ -17,7 +17,9 @@ def test_wraps_under_mixed_float16_and_is_idempotent():
     assert type(opt) is LossScaleOptimizer and opt.inner_optimizer is inner
     assert opt.tier == "auto"
     assert wrap(opt) is opt
-    assert wrap(opt, tier="large") is opt
+    with pytest.warns(AmpWarning, match=r"returned unchanged; ignored: hysteresis, tier"):
+        assert wrap(opt, tier="large", hysteresis=3) is opt
+    assert opt.hysteresis == 1
 
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])

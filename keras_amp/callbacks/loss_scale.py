@@ -15,8 +15,8 @@ class LossScaleMonitor(keras.callbacks.Callback):
     as tensors (no extra sync; the progress bar converts them with the loss), per epoch as
     Python numbers. Every `check_every` batches and at each epoch end it calls the optimizer's
     `host_check()`: the one place scale changes are logged under XLA (`jit_compile=True`) and
-    MultiWorkerMirroredStrategy, and where `on_min_scale="raise"` stops training there. A stock
-    Keras `LossScaleOptimizer` gets `loss_scale` only.
+    in replica context (strategies without merge_call), and where `on_min_scale="raise"` stops
+    training there. A stock Keras `LossScaleOptimizer` gets `loss_scale` only.
 
     Args:
         check_every: Int >= 1. Batches between host checks (each reads five scalars). Defaults

@@ -85,10 +85,14 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     `total_steps` counts every call, so `total_steps == iterations + overflow_count`.
 
     Scale changes are logged through absl (step, old -> new, why), at most
-    `log_lines_per_minute` lines a minute: in the step's rare branches in `tf.function`, after
-    each step in eager mode, and from the host (`host_check()`, called by
-    `keras_amp.callbacks.LossScaleMonitor`) under XLA or MultiWorkerMirroredStrategy, where no
-    host callback may run inside the step.
+    `log_lines_per_minute` lines a minute: from the step itself in `tf.function` (a host callback
+    that runs only when the scale changed or `on_min_scale` must act), after each step in eager
+    mode, and from the host (`host_check()`, called by `keras_amp.callbacks.LossScaleMonitor`)
+    under XLA or in replica context, where no host callback runs inside the step.
+
+    `on_min_scale="raise"` raises `MinScaleError` in eager mode and from `host_check()` /
+    `LossScaleMonitor`; inside a compiled step (`fit`) the same message stops training as a
+    `tf.errors.OpError` (TensorFlow wraps exceptions raised in host callbacks).
 
     Args:
         inner_optimizer: The `keras.optimizers.Optimizer` instance to wrap.
@@ -192,7 +196,9 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if lo is not None and hi is not None and hi < lo:
             raise ValueError("`max_scale` must be >= `min_scale`. "
                              f"Received: min_scale={lo}, max_scale={hi}")
-        if init is not None and ((lo is not None and init < lo) or (hi is not None and init > hi)):
+        # A static scale never moves, so the bounds (which limit growth and back-off) do not apply.
+        in_bounds = (lo is None or init is None or init >= lo) and (hi is None or init is None or init <= hi)
+        if self.dynamic and not in_bounds:
             raise ValueError(
                 "`initial_scale` must lie within [min_scale, max_scale] (it is not clipped). "
                 f"Received: initial_scale={init}, min_scale={lo}, max_scale={hi}"
@@ -247,7 +253,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     @property
     def scale(self):
-        """The current loss scale as a Python float (a host read)."""
+        """The current loss scale as a Python float (a host read); before the optimizer is built,
+        `initial_scale`, which is None for an unresolved `tier="auto"`."""
         if not self.built:
             return self.initial_scale
         return float(ops.convert_to_numpy(self.dynamic_scale))
@@ -296,11 +303,25 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 variable.assign(store[str(i)])
             for i, variable in enumerate(self.inner_optimizer.variables):
                 variable.assign(store[str(i + _STOCK_OWN_VARIABLES)])
+            # Stock never advances its own `iteration` (slot 0): every step it saw was applied.
+            self._iterations.assign(self.inner_optimizer.iterations)
             logging.info("LossScaleOptimizer %r: loaded stock Keras LossScaleOptimizer state; "
                          "overflow counters start at 0.", self.name)
         else:
             super().load_own_variables(store)
+        self._clamp_loaded_scale()
         self._scale_log.known_scale = self.scale
+
+    def _clamp_loaded_scale(self):
+        # A stock save can hold 0.0 or inf (stock has no floor or ceiling): with 0 every gradient is
+        # 0, counts as finite and 0/0 writes NaN; with inf every step is skipped. Bring it in bounds.
+        scale = self.scale
+        if not self.dynamic or self.min_scale <= scale <= self.max_scale:
+            return
+        clamped = self.min_scale if not scale > self.min_scale else self.max_scale  # NaN -> min
+        self.dynamic_scale.assign(clamped)
+        logging.warning("LossScaleOptimizer %r: loaded loss scale %g is outside [min_scale, max_scale] "
+                        "= [%g, %g]; set to %g.", self.name, scale, self.min_scale, self.max_scale, clamped)
 
     # ----------------------------------------------------------------- the step
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
@@ -422,9 +443,19 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             return  # XLA cannot call the host; LossScaleMonitor / host_check() log instead.
         if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
             return  # once per replica would repeat lines; the host check logs instead.
-        tf.py_function(self._host_event, [kind, self._iterations, old, new,
-                                          self._consecutive_overflows,
-                                          self._overflows_at_min_scale], [])
+        # Only a real change, or a streak at min_scale that `on_min_scale` must act on, calls the
+        # host: a scale pinned at max_scale would otherwise cost a round trip per growth interval.
+        needed = ops.not_equal(old, new)
+        if self.on_min_scale != "ignore":
+            needed = ops.logical_or(
+                needed, ops.greater_equal(self._overflows_at_min_scale, self.min_scale_patience))
+
+        def call_host():
+            tf.py_function(self._host_event, [kind, self._iterations, old, new,
+                                              self._consecutive_overflows,
+                                              self._overflows_at_min_scale], [])
+
+        tf.cond(needed, call_host, lambda: None)
 
     def _host_event(self, kind, step, old, new, consecutive, at_min):
         self._scale_log.event(self, int(kind), int(step), float(old.numpy()),

@@ -36,7 +36,7 @@ class ScaleLog:
     """What the host last knew of one optimizer's scale, and whether it already warned.
 
     `known_scale` is the scale last logged or read, so `check()` logs only changes that no
-    in-graph event reported (under XLA and MultiWorkerMirroredStrategy, all of them).
+    in-graph event reported (under XLA, and in replica context, all of them).
     """
 
     def __init__(self):

@@ -33,6 +33,13 @@ def wrap(optimizer, tier: str | None = "auto", *, force: bool = False,
         **kwargs: Further `LossScaleOptimizer` arguments (`min_scale`, `hysteresis`, ...).
     """
     if isinstance(optimizer, LossScaleOptimizer):
+        explicit_tier = tier not in (None, "auto") and tier not in (optimizer.tier, optimizer.resolved_tier)
+        if kwargs or explicit_tier:
+            ignored = sorted(kwargs) + (["tier"] if explicit_tier else [])
+            warnings.warn(
+                f"keras_amp.wrap: {optimizer.name!r} is already a keras_amp LossScaleOptimizer and is "
+                f"returned unchanged; ignored: {', '.join(ignored)}. Build a new LossScaleOptimizer "
+                "to change its settings.", AmpWarning, stacklevel=2)
         return optimizer
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         optimizer = keras.optimizers.get(optimizer)
