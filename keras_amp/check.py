@@ -105,6 +105,11 @@ def _children(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     return list(layer._flatten_layers(include_self=False, recursive=False))
 
 
+def _descends(layer, islands: tuple[type, ...]) -> bool:
+    """Whether `_walk` visits `layer`'s children (not for islands, recurrent or attention layers)."""
+    return not isinstance(layer, islands + (keras.layers.RNN, keras.layers.MultiHeadAttention))
+
+
 def _walk(layer, prefix: str, islands: tuple[type, ...], out: list) -> None:
     """(path, layer) pairs; float32 islands and recurrent/attention layers are not descended into."""
     for child in _children(layer):
@@ -112,7 +117,7 @@ def _walk(layer, prefix: str, islands: tuple[type, ...], out: list) -> None:
             continue
         path = f"{prefix}{child.name}"
         out.append((path, child))
-        if not isinstance(child, islands + (keras.layers.RNN, keras.layers.MultiHeadAttention)):
+        if _descends(child, islands):
             _walk(child, f"{path}/", islands, out)
 
 
@@ -182,9 +187,21 @@ def _dims(layer) -> dict[str, int]:
         dims["value_dim"] = layer.value_dim
     elif isinstance(layer, recipes.CONV_LAYERS) and hasattr(layer, "filters"):
         dims["filters"] = layer.filters
-        if layer.built and not isinstance(layer, (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D)):
+        if not layer.built or isinstance(layer, _DEPTHWISE):
+            pass
+        elif isinstance(layer, _SEPARABLE):
+            # The pointwise kernel (1, ..., in_channels * depth_multiplier, filters) is the matmul.
+            dims["input channels"] = int(layer.pointwise_kernel.shape[-2])
+        elif isinstance(layer, _TRANSPOSE):
+            dims["input channels"] = int(layer.kernel.shape[-1])  # kernel (..., filters, in_channels)
+        else:
             dims["input channels"] = int(layer.kernel.shape[-2]) * getattr(layer, "groups", 1)
     return {k: v for k, v in dims.items() if v is not None}
+
+
+_DEPTHWISE = (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D)
+_SEPARABLE = (keras.layers.SeparableConv1D, keras.layers.SeparableConv2D)
+_TRANSPOSE = (keras.layers.Conv1DTranspose, keras.layers.Conv2DTranspose, keras.layers.Conv3DTranspose)
 
 
 def _dimension_findings(path: str, layer) -> list[Finding]:
@@ -226,14 +243,21 @@ def check_model(model: keras.Model) -> ModelReport:
     layers: list = []
     _walk(model, "", islands, layers)
     found: list[Finding] = []
+    # A wrapper's op finding already covers its inner layer (op_kind looks inside wrappers):
+    # TimeDistributed(Dense(activation="softmax")) is one softmax, not two.
+    covered: list[str] = []
     for path, layer in layers:
-        finding = _op_finding(path, layer, islands)
+        finding = None
+        if not any(path.startswith(f"{c}/") for c in covered):
+            finding = _op_finding(path, layer, islands)
         if finding:
             found.append(finding)
+            if isinstance(layer, keras.layers.Wrapper):
+                covered.append(path)
         found.extend(_dimension_findings(path, layer))
     found.extend(_loss_findings(model))
     found.extend(_output_findings(model))
-    found.extend(_variable_findings(layers))
+    found.extend(_variable_findings(layers, islands))
     found.extend(_scaling_findings(model, layers))
     found.extend(_stale_findings(model))
     order = {kind: i for i, kind in enumerate(KINDS)}
@@ -282,10 +306,13 @@ def _output_findings(model) -> list[Finding]:
     ]
 
 
-def _variable_findings(layers) -> list[Finding]:
+def _variable_findings(layers, islands: tuple[type, ...]) -> list[Finding]:
     findings = []
     for path, layer in layers:
-        inner = {id(v) for child in _children(layer) for v in child.weights}
+        # Children's weights are reported at the children, but only for children `_walk` visits:
+        # an MHA/RNN/island layer reports every variable it (transitively) owns.
+        children = _children(layer) if _descends(layer, islands) else []
+        inner = {id(v) for child in children for v in child.weights}
         dtypes = sorted({v.dtype for v in layer.weights if id(v) not in inner and v.dtype in LOW_PRECISION})
         for dtype in dtypes:
             findings.append(Finding(

@@ -289,7 +289,12 @@ _HEAVY_LAYERS = (
     keras.layers.Conv1D,
     keras.layers.Conv2D,
     keras.layers.Conv3D,
+    keras.layers.Conv1DTranspose,
+    keras.layers.Conv2DTranspose,
+    keras.layers.Conv3DTranspose,
+    keras.layers.DepthwiseConv1D,
     keras.layers.DepthwiseConv2D,
+    keras.layers.SeparableConv1D,
     keras.layers.SeparableConv2D,
 )
 
@@ -298,7 +303,14 @@ def warn_if_built_before_enable(model: Any, *, caller: str = "keras_amp") -> boo
     """Warns (and returns True) when `model`'s heavy layers all use another policy than the one in force."""
     if _config is None or not hasattr(model, "_flatten_layers"):
         return False
-    heavy = [l for l in model._flatten_layers(include_self=False, recursive=True) if isinstance(l, _HEAVY_LAYERS)]
+    # Deliberate float32 is not staleness: apply_recipe's output (`_keras_amp_recipe`) and
+    # keras_amp's float32 islands (OutputHead, Float32 and the layers it wraps) are skipped.
+    if getattr(model, "_keras_amp_recipe", None) is not None:
+        return False
+    heavy = [
+        l for l in model._flatten_layers(include_self=False, recursive=True)
+        if isinstance(l, _HEAVY_LAYERS) and not getattr(l, "_keras_amp_float32_island", False)
+    ]
     stale = [l for l in heavy if l.dtype_policy.name != _config.policy]
     if heavy and len(stale) == len(heavy):
         found = sorted({l.dtype_policy.name for l in stale})

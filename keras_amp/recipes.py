@@ -338,8 +338,18 @@ def _plan(model: Any, recipe: str, rules: Any) -> tuple[RecipePlan, dict[int, La
                 hit = bool(key.fullmatch(layer.name) or key.fullmatch(path))
             if hit:
                 used_rules.add(i)
+                rule_name = key.__name__ if isinstance(key, type) else key.pattern
+                if isinstance(layer, amp_layers.OutputHead):
+                    logging.warning(
+                        "apply_recipe: rule %r skipped for %r: keras_amp.layers.OutputHead is a float32 island",
+                        rule_name, path,
+                    )
+                    continue
                 policy, swap = rule_policy, None
-                reason = f"rule {key.__name__ if isinstance(key, type) else key.pattern!r}"
+                reason = f"rule {rule_name!r}"
+        if isinstance(layer, amp_layers.OutputHead):
+            # OutputHead accepts only a float32 policy, whatever its recipe role or the rules.
+            policy, reason, swap = FLOAT32, "float32 island", None
         by_id[id(layer)] = LayerPolicy(path, type(layer).__name__, policy, reason, swap)
     unused = [rules_key for i, rules_key in enumerate(rules or {}) if i not in used_rules]
     if unused:
@@ -428,5 +438,8 @@ def apply_recipe(model: keras.Model, recipe: str, rules: Mapping[Any, Any] | Non
             dst.assign(src.value)
     if model.compiled and not clone.compiled:
         clone.compile_from_config(model.get_compile_config())
+    # Its policies are deliberate: warn_if_built_before_enable does not flag a recipe-made model
+    # whose heavy layers all ended up float32.
+    clone._keras_amp_recipe = recipe
     logging.info("apply_recipe %r on %r:\n%s", recipe, model.name, plan)
     return clone

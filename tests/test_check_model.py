@@ -150,6 +150,62 @@ def test_dimensions_not_multiple_of_8():
     assert findings(one_layer(keras.layers.Dense(12, dtype="float32")), "dimension_not_multiple_of_8") == []
 
 
+@pytest.mark.parametrize("cls", [keras.layers.SeparableConv1D, keras.layers.SeparableConv2D])
+def test_separable_conv_dimensions_use_the_pointwise_kernel(cls):
+    keras_amp.enable("mixed_float16")
+    shape = (8, 12) if cls is keras.layers.SeparableConv1D else (8, 8, 12)
+    layer = cls(16, 3, depth_multiplier=1, name="sep")
+    model = one_layer(layer, shape=shape)
+    assert not hasattr(layer, "kernel")  # guard: depthwise_kernel / pointwise_kernel only
+    (finding,) = check.check_model(model).of_kind("dimension_not_multiple_of_8")
+    assert finding.layer == "sep" and "input channels=12" in finding.message and "filters" not in finding.message
+    wide = one_layer(cls(16, 3, depth_multiplier=2), shape=shape)  # pointwise input 12 * 2 = 24
+    assert findings(wide, "dimension_not_multiple_of_8") == []
+
+
+def test_conv_transpose_input_channels_from_the_kernel_last_axis():
+    keras_amp.enable("mixed_bfloat16")
+    layer = keras.layers.Conv2DTranspose(16, 3, name="up")
+    model = one_layer(layer, shape=(8, 8, 12))
+    assert tuple(layer.kernel.shape) == (3, 3, 16, 12)  # guard: (..., filters, in_channels)
+    (finding,) = check.check_model(model).of_kind("dimension_not_multiple_of_8")
+    assert finding.layer == "up" and "input channels=12" in finding.message and "filters" not in finding.message
+    assert findings(one_layer(keras.layers.Conv1DTranspose(16, 3), shape=(8, 24)), "dimension_not_multiple_of_8") == []
+
+
+def test_float16_variables_inside_attention_recurrent_and_island_layers():
+    keras_amp.enable("mixed_float16")
+    inp = keras.Input((4, 16))
+    x = keras.layers.MultiHeadAttention(2, 8, dtype="float16", name="mha")(inp, inp)
+    x = keras.layers.LSTM(16, dtype="float16", return_sequences=True, name="lstm")(x)
+    x = amp_layers.GRU(16, dtype="float16", name="gru")(x)
+    model = keras.Model(inp, keras.layers.Dense(8)(x))  # mixed_float16: not a stale model
+    assert model.get_layer("lstm").cell.kernel.dtype == "float16"  # guard: owned by the (unvisited) cell
+    assert findings(model, "low_precision_variables") == [
+        ("mha", "low_precision_variables"), ("lstm", "low_precision_variables"), ("gru", "low_precision_variables")
+    ]
+
+
+def test_wrapped_softmax_is_reported_once():
+    keras_amp.enable("mixed_bfloat16")
+    td = keras.layers.TimeDistributed(keras.layers.Dense(8, activation="softmax", name="dense"), name="td")
+    model = one_layer(td, shape=(4, 16))
+    assert findings(model, "low_precision_softmax") == [("td", "low_precision_softmax")]
+
+
+def test_float32_islands_are_not_taken_for_a_model_built_before_enable():
+    keras_amp.enable("mixed_float16")
+    inp = keras.Input((16,))
+    head_only = keras.Model(inp, amp_layers.OutputHead(8)(inp))
+    wrapped = keras.Model(inp, amp_layers.Float32(keras.layers.Dense(8))(inp))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", keras_amp.AmpWarning)
+        for model in (head_only, wrapped):
+            assert not check.check_model(model).of_kind("built_before_enable")
+
+
 def test_report_is_data_and_readable():
     keras_amp.enable("mixed_float16")
     inp = keras.Input((16,))
@@ -194,6 +250,6 @@ def test_model_built_before_enable_is_found_and_apply_recipe_converts_it():
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", keras_amp.AmpWarning)
-        converted = recipes.apply_recipe(stale, "cnn", rules={"d1": "mixed_bfloat16"})
-        assert converted.get_layer("d1").dtype_policy.name == "mixed_bfloat16"
+        converted = recipes.apply_recipe(stale, "cnn")  # both layers float32 by the recipe
+        assert {converted.get_layer(n).dtype_policy.name for n in ("d1", "d2")} == {"float32"}
         assert not check.check_model(converted).of_kind("built_before_enable")

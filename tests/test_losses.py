@@ -28,9 +28,16 @@ def test_raw_ops_overflow_or_round_wrapper_holds(dtype):
 def test_keras_loss_objects_and_decorator():
     y_true = np.zeros((4, 3), "float32")
     y_pred = ops.full((4, 3), 300.0, "float16")
+    # Keras Loss objects already compute in float32: the wrapper must do no harm to them.
+    assert float(keras.losses.MeanSquaredError()(y_true, y_pred)) == 90000.0
     mse = float32_loss(keras.losses.MeanSquaredError())
     assert float(mse(y_true, y_pred)) == 90000.0
-    assert float(float32_loss(keras.losses.mean_squared_error)(y_true, y_pred)[0]) == 90000.0
+    # The function form computes in y_pred's dtype: 300**2 overflows float16 unwrapped.
+    raw = keras.losses.mean_squared_error(y_true, y_pred)
+    assert raw.dtype == tf.float16 and np.all(np.isinf(raw.numpy()))
+    wrapped = float32_loss(keras.losses.mean_squared_error)(y_true, y_pred)
+    assert wrapped.dtype == tf.float32
+    np.testing.assert_array_equal(wrapped.numpy(), np.full(4, 90000.0))
 
     @float32_loss
     def weighted(y_true, y_pred, sample_weight=None):

@@ -2,6 +2,7 @@
 
 import re
 import warnings
+from unittest import mock
 
 import keras
 import numpy as np
@@ -284,10 +285,51 @@ def test_compiled_model_is_recompiled_from_its_config():
 
 def test_unmatched_rule_is_logged_not_raised():
     keras_amp.enable("mixed_bfloat16")
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), mock.patch.object(recipes.logging, "warning") as log:
         warnings.simplefilter("error")
-        new = recipes.apply_recipe(lstm_model(), "rnn", rules={"no_such_layer": "float32"})
-    assert layer_policies(new) == expected("rnn", "mixed_bfloat16")
+        new = recipes.apply_recipe(lstm_model(), "rnn", rules={"no_such_layer": "float32", "lstm": "float32"})
+    assert layer_policies(new) == {**expected("rnn", "mixed_bfloat16"), "lstm": "float32"}
+    (call,) = log.call_args_list  # the matching rule is not reported
+    assert "rules matched no layer" in call.args[0] and call.args[-1] == ["no_such_layer"]
+
+
+def output_head_model():
+    inp = keras.Input((16,))
+    x = amp_layers.OutputHead(16, activation="relu", name="inner_head")(inp)
+    x = keras.layers.Dense(16, name="hidden")(x)
+    return keras.Model(inp, amp_layers.OutputHead(8, name="head")(x))
+
+
+@pytest.mark.parametrize("recipe", recipes.RECIPES)
+def test_output_head_stays_float32_whatever_its_role_and_the_rules(recipe):
+    keras_amp.enable("mixed_bfloat16")
+    model = output_head_model()  # one OutputHead first (not in the last region), one last
+    with mock.patch.object(recipes.logging, "warning") as log:
+        plan = recipes.plan_recipe(model, recipe, rules={keras.layers.Dense: "mixed_bfloat16"})
+    # OutputHead is a Dense: the rule matches it but is skipped there, and said so.
+    assert plan.policies() == {"inner_head": "float32", "hidden": "mixed_bfloat16", "head": "float32"}
+    assert {e.path: e.reason for e in plan.layers}["inner_head"] == "float32 island"
+    skipped = sorted(c.args[2] for c in log.call_args_list if "skipped" in c.args[0])
+    assert skipped == ["head", "inner_head"]
+    # Before the fix the clone raised (OutputHead rejects a non-float32 dtype).
+    new = recipes.apply_recipe(model, recipe, rules={keras.layers.Dense: "mixed_bfloat16", "head": "float16"})
+    assert layer_policies(new) == plan.policies()
+    assert isinstance(new.get_layer("head"), amp_layers.OutputHead)
+    x = np.random.default_rng(0).standard_normal((2, 16)).astype("float32")
+    assert np.all(np.isfinite(keras.ops.convert_to_numpy(new(x))))
+
+
+def test_recipe_model_is_tagged_and_not_flagged_as_built_before_enable():
+    keras_amp.enable("mixed_bfloat16")
+    inp = keras.Input((16,))
+    model = keras.Model(inp, keras.layers.Dense(8, name="d2")(keras.layers.Dense(16, name="d1")(inp)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", keras_amp.AmpWarning)
+        new = recipes.apply_recipe(model, "cnn")
+        # First and last layers float32 is the recipe, not a model built before enable().
+        assert set(layer_policies(new).values()) == {"float32"}
+        assert new._keras_amp_recipe == "cnn"
+        assert keras_amp.policy.warn_if_built_before_enable(new, caller="test") is False
 
 
 def bidirectional_model():

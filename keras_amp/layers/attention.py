@@ -131,15 +131,10 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         return_attention_scores=False,
         use_causal_mask=False,
     ):
-        # `call` only passes `use_causal_mask` to the stock method; for a
-        # subclass it folds the causal mask into `attention_mask` already.
-        if use_causal_mask:
-            causal_mask = self._compute_causal_mask(query, value)
-            attention_mask = (
-                causal_mask
-                if attention_mask is None
-                else ops.logical_and(ops.cast(attention_mask, "bool"), causal_mask)
-            )
+        # `use_causal_mask` is never True here: stock `call` (source pinned in
+        # tests/layers/test_attention.py) passes it only when `_compute_attention`
+        # is the stock method; for a subclass it folds the causal mask into
+        # `attention_mask` itself (the "causal" path test checks the result).
         # QK^T sums key_dim products: entries near 300 already exceed float16's
         # 65504, and bfloat16 rounds each logit to 8 bits. Scale, dot product,
         # mask and softmax therefore run in float32.

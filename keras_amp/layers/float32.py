@@ -91,6 +91,9 @@ class Float32(keras.layers.Wrapper):
     >>> y = norm(x)  # MyNorm ran in float32, y is float16
     """
 
+    # Deliberately float32 (so is every layer it wraps): not counted by warn_if_built_before_enable.
+    _keras_amp_float32_island = True
+
     def __init__(self, layer, output_dtype=None, **kwargs):
         if not isinstance(layer, keras.layers.Layer):
             raise TypeError(
@@ -107,8 +110,10 @@ class Float32(keras.layers.Wrapper):
             )
         # Every nested layer too: a sublayer keeping its own mixed policy would
         # still compute in float16 inside the island.
+        # They are marked as islands so warn_if_built_before_enable does not count them.
         for sublayer in layer._flatten_layers(include_self=True):
             sublayer.dtype_policy = "float32"
+            sublayer._keras_amp_float32_island = True
         # Float32 island: no input autocast, so float32 inputs are not rounded to
         # the compute dtype before being cast (back) to float32.
         self.autocast = False

@@ -30,6 +30,9 @@ class OutputHead(keras.layers.Dense):
     tf.float32
     """
 
+    # Deliberately float32: keras_amp.policy.warn_if_built_before_enable does not count it.
+    _keras_amp_float32_island = True
+
     def __init__(self, units, activation=None, **kwargs):
         dtype = kwargs.pop("dtype", None)
         if dtype is None:

@@ -99,15 +99,23 @@ def test_matches_float64_reference(policy, path):
 @pytest.mark.parametrize("p", MIXED, ids=lambda p: p)
 def test_stock_breaks_ours_holds(p, path):
     keras.config.set_dtype_policy(p)
-    stock_out, _, (ref_out, _, _) = _run(keras.layers.MultiHeadAttention, path)
-    ours_out, _, _ = _run(MultiHeadAttention, path)
+    stock_out, stock_scores, (ref_out, ref_probs, _) = _run(keras.layers.MultiHeadAttention, path)
+    ours_out, ours_scores, _ = _run(MultiHeadAttention, path)
     stock_err = np.abs(np64(stock_out) - ref_out).max()
     if p == "mixed_float16":
         assert np.isnan(np64(stock_out)).any()  # QK^T overflows float16 on every path
     elif path != "dropout":
         assert stock_err > 0.1, stock_err  # bfloat16 logits near 1e5 have spacing 512
+    else:
+        # Dropout makes the output random, but the returned scores are pre-dropout
+        # probabilities: stock's bfloat16 ones are wrong, ours match float64.
+        assert np.abs(np64(stock_scores) - ref_probs).max() > 0.1
     if path != "dropout":
         assert np.abs(np64(ours_out) - ref_out).max() < 8 * u(p) * 3 + 1e-5
+    else:
+        assert ours_scores.dtype == tf.float32
+        np.testing.assert_allclose(np64(ours_scores), ref_probs, atol=1e-6)
+    assert np.all(np.isfinite(np64(ours_out)))
 
 
 def test_symbolic_scores_dtype_and_flash_attention(mixed_policy):

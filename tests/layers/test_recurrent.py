@@ -177,6 +177,22 @@ def test_recurrent_dropout_paths_run(mixed_policy):
         assert np.all(np.isfinite(np64(out)))
 
 
+@pytest.mark.parametrize("ours, stock", [(LSTM, keras.layers.LSTM), (GRU, keras.layers.GRU)], ids=["LSTM", "GRU"])
+def test_recurrent_dropout_matches_stock_in_float32(ours, stock):
+    # Same seed and weights in float32: our dropout masks and gates are stock's.
+    x = _inputs()[:, :10]
+    kwargs = dict(dropout=0.2, recurrent_dropout=0.2, seed=3, dtype="float32")
+    stock_layer, ours_layer = stock(UNITS, **kwargs), ours(UNITS, **kwargs)
+    stock_layer.build(x.shape)
+    ours_layer.build(x.shape)
+    ours_layer.set_weights(stock_layer.get_weights())
+    stock_out = np64(stock_layer(x, training=True))
+    ours_out = np64(ours_layer(x, training=True))
+    no_dropout = np64(stock_layer(x, training=False))
+    assert np.abs(stock_out - no_dropout).max() > 1e-3  # guard: dropout was applied
+    np.testing.assert_allclose(ours_out, stock_out, rtol=0, atol=1e-6)
+
+
 # Sources of the stock methods `recurrent.py` copies or relies on, Keras 3.15.1.
 STOCK_SOURCES = {
     "RNN.call": keras.layers.RNN.call,

@@ -104,8 +104,10 @@ def test_keras_file_round_trip(name, kind, policy_name, tmp_path):
     loaded = keras.saving.load_model(
         path, custom_objects={"SelfAttention": SelfAttention}
     )
-    layer_types = {type(lyr).__name__ for lyr in loaded._flatten_layers()}
-    assert name in layer_types or name == "MultiHeadAttention"
+    # The keras_amp class itself (not a stock class of the same name) comes back. For MHA in
+    # sequential/subclassed models SelfAttention re-creates it in __init__; functional loads it.
+    layer_types = {type(lyr) for lyr in loaded._flatten_layers()}
+    assert getattr(amp_layers, name) in layer_types, layer_types
     # Same weights, same float32 islands: identical outputs (inference mode).
     np.testing.assert_allclose(np64(loaded(x)), expected, rtol=0, atol=0)
 
