@@ -279,13 +279,9 @@ def disable() -> None:
         _config, _saved = None, None
 
 
-# Layer types whose compute dtype decides mixed-precision speed; a model whose every such
-# layer disagrees with the policy in force was almost certainly built before enable().
-_HEAVY_LAYERS = (
-    keras.layers.Dense,
-    keras.layers.EinsumDense,
-    keras.layers.Embedding,
-    keras.layers.MultiHeadAttention,
+# Every Keras convolution class: the heavy layers below, and the recipes' "convs in the compute
+# dtype" role (recipes.py and check.py import this one list).
+CONV_LAYERS = (
     keras.layers.Conv1D,
     keras.layers.Conv2D,
     keras.layers.Conv3D,
@@ -297,6 +293,14 @@ _HEAVY_LAYERS = (
     keras.layers.SeparableConv1D,
     keras.layers.SeparableConv2D,
 )
+# Layer types whose compute dtype decides mixed-precision speed; a model whose every such
+# layer disagrees with the policy in force was almost certainly built before enable().
+_HEAVY_LAYERS = (
+    keras.layers.Dense,
+    keras.layers.EinsumDense,
+    keras.layers.Embedding,
+    keras.layers.MultiHeadAttention,
+) + CONV_LAYERS
 
 
 def warn_if_built_before_enable(model: Any, *, caller: str = "keras_amp") -> bool:

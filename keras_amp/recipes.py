@@ -40,18 +40,7 @@ FLOAT32 = "float32"
 # range overflow). Exp/log-type: exp(x) overflows float16 for x > 11.09.
 SOFTMAX_ACTIVATIONS = (keras.activations.softmax, keras.activations.log_softmax)
 EXP_ACTIVATIONS = (keras.activations.exponential, keras.activations.softplus, keras.activations.log_sigmoid)
-CONV_LAYERS = (
-    keras.layers.Conv1D,
-    keras.layers.Conv2D,
-    keras.layers.Conv3D,
-    keras.layers.Conv1DTranspose,
-    keras.layers.Conv2DTranspose,
-    keras.layers.Conv3DTranspose,
-    keras.layers.DepthwiseConv1D,
-    keras.layers.DepthwiseConv2D,
-    keras.layers.SeparableConv1D,
-    keras.layers.SeparableConv2D,
-)
+CONV_LAYERS = amp_policy.CONV_LAYERS
 _NORMALIZATION_NAME = re.compile(r".*Norm(alization)?")
 # Stock layers the recipes replace by the keras_amp subclass that keeps the island inside
 # (same weights, so they carry over).

@@ -24,8 +24,16 @@ from keras_amp.layers.float32 import float32_value, to_float32
 # round x - mean to nothing; the result is cast to the compute dtype by `call`.
 
 
+class _NoAutocast:
+    """Mixin: `autocast=False`, so the float32 inputs each `call` casts to are not rounded first."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.autocast = False
+
+
 @keras.saving.register_keras_serializable(package="keras_amp")
-class LayerNormalization(keras.layers.LayerNormalization):
+class LayerNormalization(_NoAutocast, keras.layers.LayerNormalization):
     """`keras.layers.LayerNormalization` with float32 statistics under every policy.
 
     Takes the same arguments as `keras.layers.LayerNormalization`. Inputs are
@@ -39,16 +47,12 @@ class LayerNormalization(keras.layers.LayerNormalization):
     >>> y = keras_amp.layers.LayerNormalization()(np.full((2, 8), 1e4) + np.arange(8))
     """
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.autocast = False  # float32 island, see module comment
-
     def call(self, inputs):
         return super().call(to_float32(inputs))
 
 
 @keras.saving.register_keras_serializable(package="keras_amp")
-class BatchNormalization(keras.layers.BatchNormalization):
+class BatchNormalization(_NoAutocast, keras.layers.BatchNormalization):
     """`keras.layers.BatchNormalization` with float32 statistics under every policy.
 
     Takes the same arguments as `keras.layers.BatchNormalization`. Unlike the
@@ -64,16 +68,12 @@ class BatchNormalization(keras.layers.BatchNormalization):
     >>> y = bn(np.full((4, 8), 7e4) + np.arange(4)[:, None], training=True)
     """
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.autocast = False  # float32 island, see module comment
-
     def call(self, inputs, training=None, mask=None):
         return super().call(to_float32(inputs), training=training, mask=mask)
 
 
 @keras.saving.register_keras_serializable(package="keras_amp")
-class GroupNormalization(keras.layers.GroupNormalization):
+class GroupNormalization(_NoAutocast, keras.layers.GroupNormalization):
     """`keras.layers.GroupNormalization` with float32 statistics under every policy.
 
     Takes the same arguments as `keras.layers.GroupNormalization`; group
@@ -86,16 +86,12 @@ class GroupNormalization(keras.layers.GroupNormalization):
     >>> y = keras_amp.layers.GroupNormalization(groups=2)(np.ones((2, 4, 8)))
     """
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.autocast = False  # float32 island, see module comment
-
     def call(self, inputs):
         return super().call(to_float32(inputs))
 
 
 @keras.saving.register_keras_serializable(package="keras_amp")
-class RMSNormalization(keras.layers.RMSNormalization):
+class RMSNormalization(_NoAutocast, keras.layers.RMSNormalization):
     """`keras.layers.RMSNormalization` with float32 statistics under every policy.
 
     Takes the same arguments as `keras.layers.RMSNormalization`. Inputs and
@@ -107,10 +103,6 @@ class RMSNormalization(keras.layers.RMSNormalization):
     >>> keras.config.set_dtype_policy("mixed_float16")
     >>> y = keras_amp.layers.RMSNormalization()(np.full((2, 8), 7e4))
     """
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.autocast = False  # float32 island, see module comment
 
     def call(self, x):
         # Stock reads `scale` autocast to the compute dtype; read it as float32.
