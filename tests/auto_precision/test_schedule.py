@@ -1,0 +1,105 @@
+"""ProgressivePrecision: policies change at the scheduled point, one retrace per change, state intact."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from auto_precision_models import regression_data, sensitive_model
+from keras_amp.auto_precision import ProgressivePrecision, search_precision
+
+X, Y = regression_data(n=64)
+
+
+class TraceCounter(keras.Model):
+    """Functional-style wrapper counting train_step traces (Python runs only while tracing)."""
+
+    traces = 0
+
+    def train_step(self, data):
+        TraceCounter.traces += 1
+        return super().train_step(data)
+
+
+def _model():
+    base = sensitive_model("mixed_bfloat16")
+    model = TraceCounter(base.inputs, base.outputs, name="counted")
+    model.compile(keras.optimizers.Adam(1e-2), "mse")
+    return model
+
+
+class Recorder(keras.callbacks.Callback):
+    """Per step: the sensitive layer's policy, iterations, and the optimizer's variables."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        opt = self.model.optimizer
+        self.rows.append((
+            self.model.get_layer("sensitive").dtype_policy.name,
+            int(opt.iterations.numpy()),
+            [v.numpy().copy() for v in opt.variables],
+        ))
+
+
+@pytest.mark.parametrize("unit, at, steps_before", [("step", 5, 5), ("epoch", 2, 8)], ids=["step", "epoch"])
+def test_policies_change_at_schedule_with_one_retrace_and_state_intact(unit, at, steps_before):
+    ds = tf.data.Dataset.from_tensor_slices((X, Y)).batch(16)  # 4 steps per epoch
+    TraceCounter.traces = 0
+    _model().fit(ds, epochs=3, verbose=0)
+    baseline = TraceCounter.traces  # traces of a fit without any change
+    model = _model()
+    schedule = ProgressivePrecision({at: ["sensitive"]}, unit=unit)
+    recorder = Recorder()  # runs after the schedule: sees the policy the step will use
+    TraceCounter.traces = 0
+    model.fit(ds, epochs=3, callbacks=[schedule, recorder], verbose=0)
+    policies = [r[0] for r in recorder.rows]
+    assert policies == ["mixed_bfloat16"] * steps_before + ["float32"] * (12 - steps_before)
+    assert [(c.unit, c.at, c.layers) for c in schedule.changes] == [(unit, at, ("sensitive",))]
+    assert baseline >= 1 and TraceCounter.traces == baseline + 1  # one retrace for the one change
+    # Optimizer state carries over the switch: iterations continue, Adam moments are those the
+    # last 16-bit step left (the step right before the switch ran with the old function).
+    iterations = [r[1] for r in recorder.rows]
+    assert iterations == list(range(12))
+    before, after = recorder.rows[steps_before - 1][2], recorder.rows[steps_before][2]
+    assert any(not np.array_equal(a, b) for a, b in zip(before, after))  # a step happened in between
+    # ... and nothing was reset: the moments at the switch are nonzero and finite.
+    assert all(np.all(np.isfinite(v)) for v in after) and any(np.any(v != 0) for v in after[2:])
+
+
+def test_from_search_raises_the_most_sensitive_remaining_layers():
+    model = sensitive_model("mixed_bfloat16")
+    result = search_precision(model, [(X[:32], Y[:32])], tolerance=0.01, batches=1)
+    assert result.float32_layers == ("sensitive",)
+    schedule = ProgressivePrecision.from_search(result, at=1, top=1)
+    expected = max((d for d in result.layers if d.decision != "float32"), key=lambda d: d.sensitivity.loss)
+    result.apply(model)
+    model.fit(X, Y, batch_size=16, epochs=2, callbacks=[schedule], verbose=0)
+    assert schedule.changes[0].layers == (expected.path,)
+    assert model.get_layer(expected.path).dtype_policy.name == "float32"
+
+
+def test_unknown_layer_fails_loudly():
+    model = _model()
+    with pytest.raises(ValueError, match="names no layer"):
+        model.fit(X, Y, batch_size=16, epochs=1, verbose=0,
+                  callbacks=[ProgressivePrecision({0: ["no_such_layer"]})])
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, error, name",
+    [
+        (({0: ["d1"]},), {"unit": "batch"}, ValueError, "unit"),
+        (({},), {}, ValueError, "schedule"),
+        ((["d1"],), {}, TypeError, "schedule"),
+        (({-1: ["d1"]},), {}, ValueError, "schedule key"),
+        (({0: "d1"},), {}, TypeError, "schedule"),
+        (({0: ["("]},), {}, ValueError, "schedule"),
+    ],
+    ids=["unit", "empty", "not-mapping", "negative", "string-value", "bad-regex"],
+)
+def test_bad_arguments(args, kwargs, error, name):
+    with pytest.raises(error, match=f"`{name}"):
+        ProgressivePrecision(*args, **kwargs)

@@ -1,0 +1,133 @@
+"""search_precision: finds the sensitive layer (and only it), matches brute force, restores the model."""
+
+import itertools
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from auto_precision_models import Amplify, Offset, SubclassedSensitive, regression_data, sensitive_model
+from keras_amp.auto_precision import _policies, search_precision
+from keras_amp.auto_precision import search as search_module
+
+X, Y = regression_data()
+BATCHES = [(X[:64], Y[:64]), (X[64:128], Y[64:128])]
+
+
+def _passes(model, float32_paths, tolerance):
+    """Brute-force oracle: does keeping exactly `float32_paths` float32 meet the tolerance?"""
+    with _policies.temporary_policies(model):
+        _policies.set_policies(model, {p: "float32" for p in _policies.policy_names(model)})
+        ref = search_module._run(model, BATCHES, keras.losses.get("mse"))
+    with _policies.temporary_policies(model):
+        _policies.set_policies(model, {p: "float32" for p in float32_paths})
+        errors = search_module._errors(search_module._run(model, BATCHES, keras.losses.get("mse")), ref)
+    return errors.finite and errors.loss <= tolerance
+
+
+def test_finds_only_the_sensitive_layer_and_matches_brute_force():
+    model = sensitive_model("mixed_bfloat16")
+    before = _policies.policy_names(model)
+    result = search_precision(model, BATCHES, tolerance=0.01)
+    assert result.float32_layers == ("sensitive",)
+    assert result.rules == {"sensitive": "float32"}
+    # Edge reached: the model as it is fails the tolerance, the chosen one meets it.
+    assert result.errors_as_is.loss > 0.05 and result.errors_final.loss <= 0.01
+    # Brute force over every subset of the 3 candidates: the smallest passing size is 1, and
+    # {sensitive} is the only passing subset of that size.
+    paths = [d.path for d in result.layers]
+    assert sorted(paths) == ["d1", "out", "sensitive"]
+    passing = [set(s) for k in range(4) for s in itertools.combinations(paths, k) if _passes(model, s, 0.01)]
+    smallest = min(len(s) for s in passing)
+    assert smallest == 1 and [s for s in passing if len(s) == smallest] == [{"sensitive"}]
+    # The model comes back with the policies it had; passes are as documented (2 + N + log + prune).
+    assert _policies.policy_names(model) == before
+    assert result.passes_per_batch == 2 + 3 + math.ceil(math.log2(3 + 1))
+    top = max(result.layers, key=lambda d: d.sensitivity.loss)
+    assert top.path == "sensitive" and top.decision == "float32" and "tolerance" in top.reason
+    assert "sensitive" in str(result)
+
+
+def test_searched_model_trains_to_float32_loss_where_plain_mixed_does_not():
+    model = sensitive_model("mixed_bfloat16")
+    result = search_precision(model, BATCHES, tolerance=0.01)
+    init = model.get_weights()
+    final = {}
+    for name in ("float32", "mixed", "searched"):
+        m = sensitive_model("float32" if name == "float32" else "mixed_bfloat16")
+        m.set_weights(init)
+        if name == "searched":
+            result.apply(m)
+            assert m.get_layer("sensitive").dtype_policy.name == "float32"
+        m.fit(X, Y, batch_size=32, epochs=30, verbose=0)
+        keras.config.set_dtype_policy("float32")
+        final[name] = m.evaluate(X, Y, verbose=0)
+    assert abs(final["searched"] - final["float32"]) / final["float32"] < 0.01, final
+    assert (final["mixed"] - final["float32"]) / final["float32"] > 0.5, final  # plain mixed does not get there
+
+
+def test_float16_overflow_layer_is_found():
+    model = sensitive_model("mixed_float16", sensitive=Amplify)
+    result = search_precision(model, BATCHES[:1], tolerance=0.01, batches=1)
+    assert not result.errors_as_is.finite  # the edge: float16 overflows to inf/NaN as it is
+    assert result.float32_layers == ("sensitive",)
+    assert result.errors_final.finite
+
+
+def test_subclassed_model_and_candidates_filter():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    keras.utils.set_random_seed(0)
+    model = SubclassedSensitive()
+    model(X[:2])
+    result = search_precision(model, BATCHES, loss="mse")
+    assert [p.split("/")[-1] for p in result.float32_layers] == ["sensitive"]
+    only_dense = search_precision(model, BATCHES, loss="mse", candidates=[r".*d1", r".*out"])
+    assert {d.path.split("/")[-1] for d in only_dense.layers} == {"d1", "out"}
+    # The sensitive layer cannot be moved, so the tolerance is not met within the candidates.
+    assert only_dense.errors_final.loss > 0.01
+
+
+def test_budget_caps_the_float32_layers():
+    model = sensitive_model("mixed_bfloat16")
+    result = search_precision(model, BATCHES, budget=0)
+    assert result.float32_layers == () and result.rules == {}
+    assert result.errors_final.loss > 0.01
+
+
+def test_already_within_tolerance_keeps_nothing():
+    model = sensitive_model("mixed_bfloat16", sensitive=lambda name: keras.layers.Identity(name=name))
+    result = search_precision(model, BATCHES, tolerance=0.05)
+    assert result.float32_layers == ()
+    assert result.errors_as_is.loss <= 0.05
+    assert result.passes_per_batch == 2 + 3  # reference, as-is, one per candidate
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, name",
+    [
+        ({"tolerance": -1.0}, ValueError, "tolerance"),
+        ({"tolerance": float("nan")}, ValueError, "tolerance"),
+        ({"batches": 0}, ValueError, "batches"),
+        ({"budget": "2"}, TypeError, "budget"),
+        ({"policy": "float32"}, ValueError, "policy"),
+        ({"candidates": "d1"}, TypeError, "candidates"),
+        ({"gradient_tolerance": "x"}, TypeError, "gradient_tolerance"),
+    ],
+    ids=lambda v: str(v),
+)
+def test_bad_arguments_name_the_argument(kwargs, error, name):
+    model = sensitive_model("mixed_bfloat16")
+    with pytest.raises(error, match=f"`{name}`"):
+        search_precision(model, BATCHES, **kwargs)
+
+
+def test_bad_model_data_and_loss():
+    with pytest.raises(TypeError, match="`model`"):
+        search_precision("model", BATCHES)
+    model = sensitive_model("mixed_bfloat16")
+    with pytest.raises(TypeError, match="`data`"):
+        search_precision(model, "x")
+    uncompiled = keras.Model(model.inputs, model.outputs)
+    with pytest.raises(ValueError, match="needs a loss"):
+        search_precision(uncompiled, BATCHES)
