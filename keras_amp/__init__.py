@@ -3,39 +3,57 @@
     keras_amp.enable()            # before building the model: picks bf16/fp16/fp32 by hardware
 """
 
+from keras_amp import model_graph, op_rules, validation
 from keras_amp import callbacks, distribute, layers, losses, optimizers
-from keras_amp import check, recipes  # after layers: recipes swap in keras_amp.layers
-from keras_amp.check import Finding, ModelReport, check_model
+from keras_amp import diagnostics, recipes
+from keras_amp import auto_precision
+from keras_amp.diagnostics import AuditReport, Finding, ModelReport, OpRecord, audit_model, check_model
 from keras_amp.hardware import DeviceInfo, GpuInfo
 from keras_amp.optimizers import LossScaleOptimizer, MinScaleError, wrap
 from keras_amp.policy import AmpConfig, AmpWarning, config, disable, enable
 from keras_amp.recipes import RecipePlan, apply_recipe, plan_recipe
-
-__version__ = "0.1.0"
+from keras_amp.auto_precision import (
+    Float32Fallback,
+    ProgressivePrecision,
+    export_for_inference,
+    search_precision,
+)
+from keras_amp.version import __version__
 
 __all__ = [
     "AmpConfig",
     "AmpWarning",
+    "AuditReport",
     "DeviceInfo",
     "Finding",
+    "Float32Fallback",
     "GpuInfo",
     "LossScaleOptimizer",
     "MinScaleError",
     "ModelReport",
+    "OpRecord",
+    "ProgressivePrecision",
     "RecipePlan",
     "__version__",
     "apply_recipe",
+    "audit_model",
+    "auto_precision",
     "callbacks",
-    "check",
     "check_model",
     "config",
+    "diagnostics",
     "disable",
     "distribute",
     "enable",
+    "export_for_inference",
     "layers",
     "losses",
+    "model_graph",
+    "op_rules",
     "optimizers",
     "plan_recipe",
     "recipes",
+    "search_precision",
+    "validation",
     "wrap",
 ]

@@ -1,15 +1,17 @@
 """check_model: every finding kind appears for a model with the problem and not for the fixed model."""
 
 import dataclasses
+import warnings
 
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_amp
-from keras_amp import check
 from keras_amp import layers as amp_layers
-from keras_amp import recipes
+from keras_amp import op_rules, recipes
+from keras_amp.diagnostics import check
 
 pytestmark = pytest.mark.filterwarnings("ignore:mixed_float16 requested:keras_amp.AmpWarning")
 
@@ -26,6 +28,10 @@ def findings(model, kind):
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_softmax_in_16_bits(policy):
     keras_amp.enable(policy)
+    # Under enable() the op rules compute keras.ops.softmax in float32: nothing to report.
+    assert op_rules.rule_installed("softmax")
+    assert findings(one_layer(keras.layers.Softmax(name="sm")), "low_precision_softmax") == []
+    op_rules.uninstall()  # stock Keras under the same policy
     assert findings(one_layer(keras.layers.Softmax(name="sm")), "low_precision_softmax") == [
         ("sm", "low_precision_softmax")
     ]
@@ -41,13 +47,23 @@ def test_attention_and_recurrence_in_16_bits():
     x = keras.layers.MultiHeadAttention(2, 8, dropout=0.1, name="mha")(inp, inp)
     out = keras.layers.LSTM(16, name="lstm")(keras.layers.GRU(16, return_sequences=True, name="gru")(x))
     report = check.check_model(keras.Model(inp, out))
+    # The attention op rule covers stock MHA; no op rule reaches the recurrence.
+    assert report.of_kind("low_precision_softmax") == []
+    assert [f.layer for f in report.of_kind("low_precision_recurrence")] == ["gru", "lstm"]
+    op_rules.uninstall()
+    report = check.check_model(keras.Model(inp, out))
     assert [f.layer for f in report.of_kind("low_precision_softmax")] == ["mha"]  # not its inner softmax too
     assert [f.layer for f in report.of_kind("low_precision_recurrence")] == ["gru", "lstm"]
-    fixed = recipes.apply_recipe(keras.Model(inp, out), "transformer")
-    fixed = recipes.apply_recipe(fixed, "rnn")
-    assert isinstance(fixed.get_layer("mha"), amp_layers.MultiHeadAttention)
-    report = check.check_model(fixed)
+    # Fixed without the op rules: keras_amp's float32-inside layers.
+    x = amp_layers.MultiHeadAttention(2, 8, dropout=0.1, name="mha")(inp, inp)
+    out = amp_layers.LSTM(16, name="lstm")(amp_layers.GRU(16, return_sequences=True, name="gru")(x))
+    report = check.check_model(keras.Model(inp, out))
     assert not report.of_kind("low_precision_softmax") and not report.of_kind("low_precision_recurrence")
+    # A flash-attention MHA keeps the fused kernel (QK^T in float16) even under the op rules.
+    op_rules.install("float16")
+    flash = keras.layers.MultiHeadAttention(2, 8, flash_attention=True, name="flash")
+    model = keras.Model(inp, flash(inp, inp))
+    assert [f.layer for f in check.check_model(model).of_kind("low_precision_softmax")] == ["flash"]
 
 
 class UserNorm(keras.layers.Layer):
@@ -96,12 +112,15 @@ def test_losses_in_16_bits():
     assert findings(fixed, "low_precision_loss") == []
 
 
-def test_output_not_float32_and_fixed_by_recipe():
+def test_output_not_float32_and_fixed_in_place():
     keras_amp.enable("mixed_bfloat16")
     inp = keras.Input((16,))
     model = keras.Model(inp, keras.layers.Dense(8, name="head")(keras.layers.Dense(16)(inp)))
     assert findings(model, "output_not_float32") == [("head", "output_not_float32")]
-    assert findings(recipes.apply_recipe(model, "transformer"), "output_not_float32") == []
+    # A policy set in place after the graph was built is what the next run computes in.
+    model.get_layer("head").dtype_policy = "float32"
+    assert model.outputs[0].dtype == "bfloat16"  # guard: the recorded symbolic dtype is stale
+    assert findings(model, "output_not_float32") == []
     assert findings(one_layer(amp_layers.OutputHead(8)), "output_not_float32") == []
 
 
@@ -188,6 +207,7 @@ def test_float16_variables_inside_attention_recurrent_and_island_layers():
 
 def test_wrapped_softmax_is_reported_once():
     keras_amp.enable("mixed_bfloat16")
+    op_rules.uninstall()
     td = keras.layers.TimeDistributed(keras.layers.Dense(8, activation="softmax", name="dense"), name="td")
     model = one_layer(td, shape=(4, 16))
     assert findings(model, "low_precision_softmax") == [("td", "low_precision_softmax")]
@@ -198,8 +218,6 @@ def test_float32_islands_are_not_taken_for_a_model_built_before_enable():
     inp = keras.Input((16,))
     head_only = keras.Model(inp, amp_layers.OutputHead(8)(inp))
     wrapped = keras.Model(inp, amp_layers.Float32(keras.layers.Dense(8))(inp))
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("error", keras_amp.AmpWarning)
         for model in (head_only, wrapped):
@@ -208,6 +226,7 @@ def test_float32_islands_are_not_taken_for_a_model_built_before_enable():
 
 def test_report_is_data_and_readable():
     keras_amp.enable("mixed_float16")
+    op_rules.uninstall()
     inp = keras.Input((16,))
     x = keras.layers.Dense(16, activation="softmax", name="probs")(inp)
     report = check.check_model(keras.Model(inp, x, name="clf"))
@@ -220,8 +239,10 @@ def test_report_is_data_and_readable():
     assert all(f.kind in check.KINDS for f in report.findings)
     with pytest.raises(ValueError, match="Received: kind='softmax'"):
         report.of_kind("softmax")
-    with pytest.raises(TypeError, match="Received: model of type Dense"):
+    with pytest.raises(TypeError, match="Received: model=.* of type Dense"):
         check.check_model(keras.layers.Dense(3))
+    with pytest.raises(TypeError, match="`training` must be True or False"):
+        check.check_model(keras.Model(inp, x), training="no")
 
 
 def test_recipe_models_check_clean_except_known_dimensions():
@@ -232,24 +253,70 @@ def test_recipe_models_check_clean_except_known_dimensions():
     x = keras.layers.Dense(16, activation="softmax", name="probs")(keras.layers.Flatten()(x))
     model = keras.Model(inp, x)
     model.compile("adam", "mse")
+    assert check.check_model(model).kinds() == {"output_not_float32"}  # the op rules cover the softmaxes
+    op_rules.uninstall()
     assert check.check_model(model).kinds() == {"low_precision_softmax", "output_not_float32"}
+    kernel = model.get_layer("probs").kernel.numpy()
     fixed = recipes.apply_recipe(model, "transformer")
+    op_rules.install("float16")
     assert check.check_model(fixed).ok, str(check.check_model(fixed))
-    np.testing.assert_array_equal(fixed.get_layer("probs").kernel.numpy(), model.get_layer("probs").kernel.numpy())
+    np.testing.assert_array_equal(fixed.get_layer("probs").kernel.numpy(), kernel)
 
 
 def test_model_built_before_enable_is_found_and_apply_recipe_converts_it():
     stale = keras.Sequential([keras.Input((16,)), keras.layers.Dense(16, name="d1"), keras.layers.Dense(8, name="d2")])
     keras_amp.enable("mixed_bfloat16")
-    with pytest.warns(keras_amp.AmpWarning, match=r"built before enable\(\)"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a report only: check_model warns about nothing
         report = check.check_model(stale)
     assert [(f.kind, f.layer) for f in report.of_kind("built_before_enable")] == [("built_before_enable", stale.name)]
     assert "apply_recipe" in report.of_kind("built_before_enable")[0].fix
     # apply_recipe gives every layer its planned policy, so it converts a stale model silently.
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("error", keras_amp.AmpWarning)
         converted = recipes.apply_recipe(stale, "cnn")  # both layers float32 by the recipe
         assert {converted.get_layer(n).dtype_policy.name for n in ("d1", "d2")} == {"float32"}
         assert not check.check_model(converted).of_kind("built_before_enable")
+
+
+class RawSoftmax(keras.layers.Layer):
+    """Calls TensorFlow directly: invisible to the static check, not reached by the op rules."""
+
+    def call(self, x):
+        return tf.nn.softmax(x)
+
+
+class OpsSoftmax(keras.layers.Layer):
+    def call(self, x):
+        return keras.ops.softmax(x)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_a_batch_adds_the_ops_that_ran_in_16_bits(policy):
+    keras_amp.enable(policy)
+    x = np.random.RandomState(0).rand(2, 8).astype("float32")
+    inp = keras.Input((8,))
+    raw = keras.Model(inp, keras.layers.Dense(8, dtype="float32")(RawSoftmax(name="raw")(keras.layers.Dense(8)(inp))))
+    assert not check.check_model(raw).of_kind("low_precision_softmax")  # statically invisible
+    (finding,) = check.check_model(raw, x).of_kind("low_precision_op")
+    dtype = keras_amp.config().compute_dtype
+    assert finding.layer == "raw" and f"Softmax ran in {dtype} in the forward pass" in finding.message
+    assert "raw tf.* calls" in finding.fix and "'raw': 'float32'" in finding.fix
+    # keras.ops in the same place: the op rules compute it in float32; stock does not.
+    model = keras.Model(inp, keras.layers.Dense(8, dtype="float32")(OpsSoftmax(name="ops")(keras.layers.Dense(8)(inp))))
+    assert check.check_model(model, x).of_kind("low_precision_op") == []
+    op_rules.uninstall()
+    assert [f.layer for f in check.check_model(model, x).of_kind("low_precision_op")] == ["ops"]
+
+
+def test_a_batch_reports_one_finding_per_layer_and_kind_for_stock_attention():
+    keras_amp.enable("mixed_float16")
+    op_rules.uninstall()
+    inp = keras.Input((4, 8))
+    mha = keras.layers.MultiHeadAttention(2, 4, dropout=0.1, name="mha")
+    model = keras.Model(inp, mha(inp, inp))
+    x = np.random.RandomState(0).rand(2, 4, 8).astype("float32")
+    found = [(f.layer, f.message.split(" op(s)")[0]) for f in check.check_model(model, x).of_kind("low_precision_op")]
+    softmax_layer = f"mha/{mha._softmax.name}"
+    assert sorted(found) == sorted([("mha", "attention"), (softmax_layer, "softmax")])
+    assert check.KINDS.index("low_precision_op") < check.KINDS.index("output_not_float32")

@@ -1,54 +1,61 @@
 """`mirrored()` and `multi_worker()`: tf.distribute strategies that keep precision consistent.
 
-Both are thin over TensorFlow's strategies. What they add: the precision fingerprint is compared
-across replicas/workers as soon as a collective is possible (right after creation, and again at
-the start of every `fit()`/`evaluate()` with the model's per-layer policies and the optimizer's
-loss-scale settings), and for multi-worker the Keras 3.15 fit fix is installed.
+Both are thin over TensorFlow's strategies. What they add: the `keras_amp.enable()` settings are
+compared across replicas/workers as soon as a collective is possible (right after creation), and
+`multi_worker()` installs the Keras 3.15 fit fix. To compare the model's per-layer policies and
+the optimizer's loss-scale settings as well, pass `VerifyPrecision()` to `fit()`/`evaluate()`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Sequence
+from typing import Any, Sequence
 
 import tensorflow as tf
 from absl import logging
 
 from keras_amp import policy as amp_policy
+from keras_amp import validation
 from keras_amp.distribute import trainer_fix
-from keras_amp.distribute.verify import verify
+from keras_amp.distribute.verification import check_timeout_seconds, verify
 
 _IMPLEMENTATIONS = {
     "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
     "ring": tf.distribute.experimental.CommunicationImplementation.RING,
     "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
 }
+_TF_CONFIG_EXAMPLE = '{"cluster": {"worker": ["host0:12345", "host1:12345"]}, "task": {"type": "worker", "index": 0}}'
 
 
-def configure_logical_cpus(count: int) -> list[tf.config.LogicalDevice]:
-    """Splits the first CPU into `count` logical devices, e.g. to try MirroredStrategy without GPUs.
+def read_tf_config() -> dict[str, Any] | None:
+    """The TF_CONFIG environment variable as a dict, None when unset; ValueError when malformed.
 
-    Must run before TensorFlow initialises its devices (before any op or strategy is created).
+    TensorFlow reads TF_CONFIG itself and fails deep inside on a malformed one (a bare
+    JSONDecodeError, or an AttributeError for a JSON list); this names the variable instead.
     """
-    if not isinstance(count, int) or count < 1:
-        raise ValueError(f"`count` must be a positive int. Received: count={count!r}")
-    cpu = tf.config.list_physical_devices("CPU")[0]
+    text = os.environ.get("TF_CONFIG")
+    if text is None:
+        return None
     try:
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
-    except RuntimeError as e:
-        raise RuntimeError(
-            "configure_logical_cpus() must be called before TensorFlow initialises its devices "
-            f"(before creating any tensor or strategy). Received: count={count}; TensorFlow said: {e}"
-        ) from e
-    return tf.config.list_logical_devices("CPU")
-
-
-def _check_timeout(timeout_seconds):
-    if timeout_seconds is not None and (not isinstance(timeout_seconds, (int, float)) or timeout_seconds <= 0):
+        config = json.loads(text)
+    except ValueError as e:
         raise ValueError(
-            f"`timeout_seconds` must be None or a positive number. Received: timeout_seconds={timeout_seconds!r}"
+            f"The TF_CONFIG environment variable must be JSON ({e}). Received: TF_CONFIG={text!r}. "
+            f"Allowed: a JSON object such as {_TF_CONFIG_EXAMPLE}"
+        ) from None
+    if not isinstance(config, dict):
+        raise ValueError(
+            f"The TF_CONFIG environment variable must be a JSON object. Received: TF_CONFIG={text!r}. "
+            f"Allowed: a JSON object such as {_TF_CONFIG_EXAMPLE}"
         )
+    for key in ("cluster", "task"):
+        if key in config and not isinstance(config[key], dict):
+            raise ValueError(
+                f'TF_CONFIG\'s "{key}" must be a JSON object. Received: TF_CONFIG={text!r}. '
+                f"Allowed: a JSON object such as {_TF_CONFIG_EXAMPLE}"
+            )
+    return config
 
 
 def _log_policy(kind: str, strategy: tf.distribute.Strategy) -> None:
@@ -89,6 +96,18 @@ def mirrored(
         ...     model = build_model()
         ...     model.compile(optimizer=keras_amp.optimizers.LossScaleOptimizer(...), loss=...)
     """
+    if devices is not None:
+        if isinstance(devices, str) or not isinstance(devices, (list, tuple)):
+            raise TypeError(
+                "`devices` must be a list of device strings or None. "
+                f"Received: devices={devices!r} of type {type(devices).__name__}"
+            )
+        for device in devices:
+            validation.check_type("devices", device, str, 'a list of device strings such as ["/gpu:0", "/gpu:1"]')
+    if cross_device_ops is not None:
+        validation.check_type(
+            "cross_device_ops", cross_device_ops, tf.distribute.CrossDeviceOps, "a tf.distribute.CrossDeviceOps or None"
+        )
     strategy = tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=cross_device_ops)
     _log_policy("mirrored", strategy)
     # One process: replicas share the global policy, so this is a cheap consistency check that
@@ -102,13 +121,14 @@ def multi_worker(
     timeout_seconds: float | None = None,
     implementation: str = "auto",
     cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver | None = None,
-    verify_at_fit: bool = True,
 ) -> tf.distribute.MultiWorkerMirroredStrategy:
     """A `tf.distribute.MultiWorkerMirroredStrategy` from TF_CONFIG that checks every worker's precision.
 
     Creating it installs the Keras 3.15 fit fix (see `keras_amp.distribute.trainer_fix`) and
     verifies the `keras_amp.enable()` settings across workers right away: a worker started with
-    another policy, loss-scale tier or TF32 setting fails here, on every worker, naming the field.
+    another policy or TF32 setting fails here, on every worker, naming the field. Pass
+    `keras_amp.distribute.VerifyPrecision()` to `fit()` to also compare the model's per-layer
+    policies and the optimizer's loss-scale settings.
 
     Args:
         timeout_seconds: Float or None. Timeout of every collective; a worker that dies or takes
@@ -117,9 +137,8 @@ def multi_worker(
             including the first one (tracing) and any checkpoint a worker writes alone.
         implementation: String. "auto" (default), "ring" (gRPC, works on CPUs) or "nccl"
             (GPUs; the fastest all-reduce across nodes with GPUs).
-        cluster_resolver: `ClusterResolver` or None. None reads TF_CONFIG.
-        verify_at_fit: Bool. Also verify the model's per-layer policies and the optimizer's
-            loss-scale settings at the start of every `fit()`/`evaluate()` (default True).
+        cluster_resolver: `tf.distribute.cluster_resolver.ClusterResolver` or None. None reads
+            the TF_CONFIG environment variable (a malformed one raises ValueError).
 
     Returns:
         The strategy.
@@ -128,18 +147,23 @@ def multi_worker(
         >>> # On every node, with TF_CONFIG set for that node:
         >>> keras_amp.enable("mixed_bfloat16")
         >>> strategy = keras_amp.distribute.multi_worker(timeout_seconds=600, implementation="nccl")
+        >>> model.fit(dataset, callbacks=[keras_amp.distribute.VerifyPrecision()])
     """
-    _check_timeout(timeout_seconds)
-    if implementation not in _IMPLEMENTATIONS:
-        raise ValueError(
-            f"Unknown `implementation`. Received: implementation={implementation!r}. "
-            f"Allowed: {', '.join(_IMPLEMENTATIONS)}"
+    timeout_seconds = check_timeout_seconds(timeout_seconds)
+    validation.check_choice("implementation", implementation, _IMPLEMENTATIONS)
+    if cluster_resolver is not None:
+        validation.check_type(
+            "cluster_resolver",
+            cluster_resolver,
+            tf.distribute.cluster_resolver.ClusterResolver,
+            "a tf.distribute.cluster_resolver.ClusterResolver or None",
         )
-    if cluster_resolver is None and "TF_CONFIG" not in os.environ:
-        logging.warning("keras_amp.distribute.multi_worker: TF_CONFIG is not set; running as a single worker.")
-    elif cluster_resolver is None:
-        task = json.loads(os.environ["TF_CONFIG"]).get("task", {})
-        logging.info("keras_amp.distribute.multi_worker: task %s", task)
+    else:
+        tf_config = read_tf_config()
+        if tf_config is None:
+            logging.warning("keras_amp.distribute.multi_worker: TF_CONFIG is not set; running as a single worker.")
+        else:
+            logging.info("keras_amp.distribute.multi_worker: task %s", tf_config.get("task", {}))
     trainer_fix.install_fit_fix()
     options = tf.distribute.experimental.CommunicationOptions(
         timeout_seconds=timeout_seconds, implementation=_IMPLEMENTATIONS[implementation]
@@ -147,7 +171,6 @@ def multi_worker(
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=cluster_resolver, communication_options=options
     )
-    strategy._keras_amp_verify_at_fit = bool(verify_at_fit)
     _log_policy("multi_worker", strategy)
     verify(strategy)
     return strategy

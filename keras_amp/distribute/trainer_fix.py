@@ -17,7 +17,7 @@ multi-worker path (`_collective_all_reduce_multi_worker(strategy)` is True):
 Both replacements delegate to the original Keras function on every other path, so single-worker,
 MirroredStrategy, TPU, "concat" and "sum" behaviour is untouched. The fix is installed only for
 Keras 3.15.x and only when the original sources are the ones it was written against; a guard
-test (tests/test_keras_guards_distribute.py) fails when Keras changes them.
+test (tests/distribute/test_trainer_fix.py) fails when Keras changes them.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import warnings
 
 import keras
 from absl import logging
-from keras.src import tree
+
 from keras.src.backend.tensorflow import trainer as tf_trainer
 
 from keras_amp.policy import AmpWarning
@@ -39,26 +39,34 @@ TARGET_KERAS = "3.15."
 ORIGINAL_SOURCE_SHA256 = {
     "TensorFlowTrainer._maybe_symbolic_build": "92a504f5eba9b29f81f1bf26180bdd5bf5186b06b7bda426534b90d2d02bc1c2",
     "reduce_per_replica": "2e7d54b1e6edc29a8c6a7e6b66cd4c8be3ba7842412c93753ac3afe169fa7fb8",
+    # Read, not replaced: it decides which path is "multi-worker", for Keras and for this fix alike.
+    "_collective_all_reduce_multi_worker": "0302369d850e6694978fa7691c0e97b79cd0cf83a6bbef7caed8738e1f1a5c24",
 }
 
 _ORIGINAL_BUILD = tf_trainer.TensorFlowTrainer._maybe_symbolic_build
 _ORIGINAL_REDUCE = tf_trainer.reduce_per_replica
+# Keras's own predicate for its multi-worker branches: the fix must take exactly the path Keras
+# takes. getattr: a Keras without it must still import keras_amp (the fix is then not installed).
+_IS_MULTI_WORKER = getattr(tf_trainer, "_collective_all_reduce_multi_worker", None)
 _lock = threading.Lock()
 _installed = False
 
 
 def source_sha256() -> dict[str, str]:
-    """sha256 of the original Keras sources this fix replaces, as installed now."""
+    """sha256 of the original Keras sources this fix replaces or reads, as installed now ("" if gone)."""
+    functions = {
+        "TensorFlowTrainer._maybe_symbolic_build": _ORIGINAL_BUILD,
+        "reduce_per_replica": _ORIGINAL_REDUCE,
+        "_collective_all_reduce_multi_worker": _IS_MULTI_WORKER,
+    }
     return {
-        "TensorFlowTrainer._maybe_symbolic_build": hashlib.sha256(
-            inspect.getsource(_ORIGINAL_BUILD).encode("utf-8")
-        ).hexdigest(),
-        "reduce_per_replica": hashlib.sha256(inspect.getsource(_ORIGINAL_REDUCE).encode("utf-8")).hexdigest(),
+        name: hashlib.sha256(inspect.getsource(fn).encode("utf-8")).hexdigest() if fn is not None else ""
+        for name, fn in functions.items()
     }
 
 
 def _multi_worker(strategy) -> bool:
-    return strategy is not None and tf_trainer._collective_all_reduce_multi_worker(strategy)
+    return strategy is not None and _IS_MULTI_WORKER(strategy)
 
 
 def fixed_maybe_symbolic_build(self, iterator=None, data_batch=None):
@@ -71,14 +79,8 @@ def fixed_maybe_symbolic_build(self, iterator=None, data_batch=None):
             batch = next(it)
             break
         # Only shapes and dtypes matter here; every replica's batch has the same ones.
-        data_batch = tree.map_structure(lambda v: strategy.experimental_local_results(v)[0], batch)
+        data_batch = keras.tree.map_structure(lambda v: strategy.experimental_local_results(v)[0], batch)
         _ORIGINAL_BUILD(self, data_batch=data_batch)
-    if _multi_worker(strategy) and getattr(strategy, "_keras_amp_verify_at_fit", False):
-        # Every worker reaches this point once per fit()/evaluate() with the model and optimizer
-        # built: the first place where the per-layer policies and loss-scale config can be compared.
-        from keras_amp.distribute.verify import verify
-
-        verify(strategy, model=self, optimizer=getattr(self, "optimizer", None))
 
 
 def fixed_reduce_per_replica(values, strategy, reduction):
@@ -86,7 +88,7 @@ def fixed_reduce_per_replica(values, strategy, reduction):
     if reduction == "auto" and not isinstance(strategy, tf_trainer.tf.distribute.TPUStrategy):
         reduction = "mean"
     if reduction == "mean" and _multi_worker(strategy):
-        return tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
+        return keras.tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
     return _ORIGINAL_REDUCE(values, strategy, reduction)
 
 
@@ -96,7 +98,7 @@ def fit_fix_needed() -> tuple[bool, str]:
         return False, (
             f"keras_amp's multi-worker fit fix targets Keras {TARGET_KERAS}x; Keras {keras.__version__} "
             "is installed. Check whether fit under MultiWorkerMirroredStrategy works without it "
-            "(tests/test_keras_guards_distribute.py) and update keras_amp.distribute.trainer_fix."
+            "(tests/distribute/test_trainer_fix.py) and update keras_amp.distribute.trainer_fix."
         )
     found = source_sha256()
     changed = sorted(k for k, v in ORIGINAL_SOURCE_SHA256.items() if found[k] != v)

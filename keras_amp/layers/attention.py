@@ -1,32 +1,53 @@
-"""MultiHeadAttention whose scores and softmax are float32 on every path.
+"""Float32 attention scores for `keras.layers.MultiHeadAttention` and its subclasses.
 
-Written against Keras 3.15.1. Stock `keras.layers.MultiHeadAttention` under
-`mixed_float16` computes QK^T in float16 on every path (query/key entries near
-300 overflow it to inf and the softmax returns NaN) and its softmax is float16
-whenever dropout > 0 or scores are returned. This subclass overrides two private
-methods, each small:
+`float32_attention(layer, query, key, value, ...)` is the attention computation of
+`MultiHeadAttention._compute_attention` with the scaled QK^T, the mask and the
+softmax in float32. `keras_amp.layers.MultiHeadAttention` calls it from its
+`_compute_attention`; the op rules call it for stock `keras.layers.MultiHeadAttention`
+and for subclasses that keep the stock `_compute_attention` (keras-hub's
+`CachedMultiHeadAttention`, for one).
 
-- `_build_attention`: the softmax and the dropout on the probabilities are
-  built as float32 layers.
-- `_compute_attention`: always the explicit path (never the fused
-  `ops.dot_product_attention`, whose QK^T runs in the compute dtype): the scaled
-  QK^T has a float32 result (`float32_scores`: float32 forward matmul, gradient
-  matmuls in the compute dtype), masking and softmax are float32, and the
-  probabilities-times-value einsum runs in the compute dtype.
-
-`tests/layers/test_attention.py` pins the source of these stock methods (and of
-`_masked_softmax` and `call`, which we rely on) so a Keras upgrade that changes
-them fails a test instead of silently changing the numerics.
+Written against Keras 3.15.1. It reads three private attributes that stock
+`MultiHeadAttention._build_attention` / `__init__` set and that have no public
+accessor: `_dot_product_equation`, `_combine_equation` (the einsum equations for
+the layer's `attention_axes`) and `_inverse_sqrt_key_dim` (the scale, which a
+subclass may change), plus the `_dropout_layer` sublayer. `read_private` checks they
+are there; the guard table pins the stock methods that set them.
 """
 
 import keras
 import tensorflow as tf
 from keras import ops
 
-from keras_amp.layers.softmax import Softmax
+from keras_amp import model_graph, validation
+from keras_amp.layers import arguments
 
-# Keras version the private overrides below were written against.
+# Keras version the private reads and overrides below were written against.
 KERAS_VERSION = "3.15.1"
+
+# Private attributes of a built `keras.layers.MultiHeadAttention` that float32_attention reads.
+PRIVATE_ATTRIBUTES = (
+    "_dot_product_equation",
+    "_combine_equation",
+    "_inverse_sqrt_key_dim",
+    "_dropout_layer",
+)
+
+# Masked logits: far below any float32 logit, as stock Softmax uses for float32.
+_MASKED_LOGIT = -1e9
+
+
+def read_private(layer, name):
+    """`layer.<name>` for one of PRIVATE_ATTRIBUTES; a clear error when Keras renamed it."""
+    try:
+        return getattr(layer, name)
+    except AttributeError:
+        raise TypeError(
+            f"float32 attention needs a built keras.layers.MultiHeadAttention with the "
+            f"`{name}` attribute of Keras {KERAS_VERSION}. Received: layer={layer.name!r} "
+            f"of type {type(layer).__name__} (built={layer.built}) without it, "
+            f"Keras {keras.__version__}"
+        ) from None
 
 
 def _gradient_equations(equation):
@@ -49,10 +70,9 @@ def float32_scores(equation, key, query, scale):
     The forward matmul runs on float32 copies: the products of two 16-bit numbers are exact
     in float32, and the float32 output neither overflows (float16) nor rounds each logit to
     8 bits (bfloat16). The two gradient matmuls run in the inputs' (compute) dtype, as in the
-    stock layer: the gradients of `key` and `query` are rounded to that dtype anyway, and the
-    16-bit matmuls are ~2x faster on oneDNN/tensor cores (measured on this CPU: fwd+bwd of the
-    scores 19.9 ms in float32, 15.9 ms with 16-bit gradients, 12.3 ms all-bfloat16). A float16
-    gradient that overflows becomes inf, which the loss-scale optimizer skips.
+    stock layer: the gradients of `key` and `query` are rounded to that dtype anyway, and
+    16-bit matmuls are the speed of mixed precision. A float16 gradient that overflows
+    becomes inf, which the loss-scale optimizer skips.
     """
     equations = _gradient_equations(equation)
     low = key.dtype
@@ -73,19 +93,105 @@ def float32_scores(equation, key, query, scale):
     return scores(key, ops.cast(query, low))
 
 
+def _causal_mask(query, value):
+    """(1, T, S) lower-triangular bool mask, as stock `_compute_causal_mask` builds it."""
+    rows = ops.reshape(ops.arange(ops.shape(query)[1], dtype="int32"), (1, -1, 1))
+    cols = ops.reshape(ops.arange(ops.shape(value)[1], dtype="int32"), (1, 1, -1))
+    return ops.greater_equal(rows, cols)
+
+
+def _num_attention_axes(layer):
+    axes = layer.attention_axes
+    return 1 if isinstance(axes, int) else len(axes)
+
+
+def _masked_softmax(scores, mask, num_axes):
+    """Stock `_masked_softmax` + `Softmax.call` semantics, in float32, over the last `num_axes` axes."""
+    axes = tuple(range(len(scores.shape) - num_axes, len(scores.shape)))
+    if mask is not None:
+        # Stock expands a (B, T, S) mask from the heads axis on: (B, 1, T, S).
+        for _ in range(len(scores.shape) - len(mask.shape)):
+            mask = ops.expand_dims(mask, axis=-num_axes * 2 - 1)
+        if keras.backend.standardize_dtype(mask.dtype) != "bool":
+            mask = ops.greater(mask, ops.cast(0.5, mask.dtype))
+        scores = ops.where(mask, scores, _MASKED_LOGIT)
+    if num_axes == 1:
+        # One attention axis (the usual case): the fused float32 softmax kernel, forward and
+        # backward. Five separate elementwise/reduction ops cost ~30% of the layer on the CPU.
+        probs = ops.softmax(scores, axis=-1)
+    else:
+        # exp and the normaliser in float32; shift by the max (softmax is shift-invariant) so
+        # several axes at once lose nothing either (stock uses exp(x - logsumexp(x)) there).
+        scores = scores - ops.stop_gradient(ops.max(scores, axis=axes, keepdims=True))
+        exp = ops.exp(scores)
+        probs = exp / ops.sum(exp, axis=axes, keepdims=True)
+    if mask is not None:
+        # A fully masked row would be uniform: stock zeroes masked positions.
+        probs = ops.where(mask, probs, 0.0)
+    return probs
+
+
+def float32_attention(
+    layer,
+    query,
+    key,
+    value,
+    attention_mask=None,
+    training=None,
+    return_attention_scores=False,
+    use_causal_mask=False,
+    scores_dtype=None,
+):
+    """`MultiHeadAttention._compute_attention` with float32 scores; returns (output, scores).
+
+    `layer` is a built `keras.layers.MultiHeadAttention` (stock, ours or a subclass);
+    `query`/`key`/`value` are its projected `(B, T, N, H)` tensors. QK^T, the scale, the
+    mask (`attention_mask`, and the causal mask when `use_causal_mask`) and the softmax are
+    float32; the layer's own dropout is applied to the probabilities (with the layer's
+    seed generator, so the random stream is stock's); the value einsum runs in `value`'s
+    (compute) dtype. The returned scores are the pre-dropout probabilities in
+    `scores_dtype` (default float32), or None when `return_attention_scores` is False.
+    Flash attention is never used: its fused kernels compute QK^T in the compute dtype.
+    """
+    del return_attention_scores  # the probabilities exist anyway; the caller drops them
+    # QK^T sums key_dim products: entries near 300 already exceed float16's 65504, and
+    # bfloat16 rounds each logit to 8 bits. Scale, dot product, mask and softmax are float32.
+    scale = float(read_private(layer, "_inverse_sqrt_key_dim"))
+    scores = float32_scores(read_private(layer, "_dot_product_equation"), key, query, scale)
+    if use_causal_mask:
+        causal = _causal_mask(query, value)
+        attention_mask = (
+            causal if attention_mask is None else ops.logical_and(ops.cast(attention_mask, "bool"), causal)
+        )
+    probs = _masked_softmax(scores, attention_mask, _num_attention_axes(layer))
+    dropped = probs
+    if layer.dropout > 0.0:
+        # A float32 Dropout (ours) keeps the probabilities float32 until the einsum; a
+        # stock mixed-policy one casts them to the compute dtype first (one more rounding
+        # of values in [0, 1 / (1 - rate)], where they are going anyway).
+        dropped = read_private(layer, "_dropout_layer")(probs, training=training)
+    # Probabilities are in [0, 1]: the value einsum is safe (and fast) in the compute dtype.
+    output = ops.einsum(
+        read_private(layer, "_combine_equation"), ops.cast(dropped, value.dtype), value
+    )
+    return output, ops.cast(probs, scores_dtype or "float32")
+
+
 @keras.saving.register_keras_serializable(package="keras_amp")
-class MultiHeadAttention(keras.layers.MultiHeadAttention):
+class MultiHeadAttention(model_graph.Float32Island, arguments.CheckedArguments, keras.layers.MultiHeadAttention):
     """`keras.layers.MultiHeadAttention` with float32 attention scores.
 
     Takes the same arguments as `keras.layers.MultiHeadAttention` and has the
-    same weights. On every path (dropout, `return_attention_scores=True`,
-    masks, `use_causal_mask=True`): the scaling and QK^T are computed in float32
-    (its gradient matmuls in the compute dtype), masking (with a float32 large
-    negative number) and softmax are float32; the dropout on the probabilities is float32; the
-    probabilities are cast to the compute dtype for the value einsum; the
-    projections and output are in the compute dtype. Returned attention
-    scores are float32. Flash attention is not used (`flash_attention=True`
-    raises), since the fused kernels compute QK^T in the compute dtype.
+    same weights and sublayers. On every path (dropout, `return_attention_scores=True`,
+    masks, `use_causal_mask=True`, and `_compute_attention` called directly): the
+    scaling and QK^T are computed in float32 (its gradient matmuls in the compute
+    dtype), masking and softmax are float32, and so is the dropout on the
+    probabilities; the probabilities are cast to the compute dtype for the value
+    einsum; the projections and output are in the compute dtype. Returned attention
+    scores are float32. Flash attention is not used (`flash_attention=True` raises),
+    since the fused kernels compute QK^T in the compute dtype. `dropout`, `use_bias`
+    and `attention_axes` are checked when the layer is created (stock checks them at
+    build, or not at all).
 
     Example:
 
@@ -96,12 +202,19 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
     tf.float32
     """
 
+    STOCK = keras.layers.MultiHeadAttention
+    ARGUMENT_CHECKS = {
+        "dropout": arguments.check_rate,
+        "use_bias": validation.check_bool,
+        "attention_axes": arguments.check_optional_axis,
+    }
+
     def __init__(self, num_heads, key_dim, *args, flash_attention=None, **kwargs):
         if flash_attention:
             raise ValueError(
                 "keras_amp.layers.MultiHeadAttention computes attention scores "
                 "explicitly in float32 and cannot use flash attention. "
-                f"Received: flash_attention={flash_attention}, allowed: None, False"
+                f"Received: flash_attention={flash_attention!r}. Allowed: None, False"
             )
         super().__init__(num_heads, key_dim, *args, flash_attention=False, **kwargs)
 
@@ -112,14 +225,12 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
 
     def _build_attention(self, rank):
         super()._build_attention(rank)
-        # Float32 islands declared where built: probabilities stay float32
-        # through the softmax and the dropout that follows it.
-        self._softmax = Softmax(
-            axis=self._softmax.axis, dtype="float32", name="attention_softmax"
-        )
-        self._dropout_layer = keras.layers.Dropout(
-            rate=self._dropout, dtype="float32", seed=self.seed
-        )
+        # Float32 islands declared where built: the stock softmax and dropout sublayers
+        # (the same two stock has, one seed generator) get the float32 policy, so the
+        # probabilities stay float32 through the dropout, and `_masked_softmax` called
+        # directly is float32 too.
+        self._softmax.dtype_policy = "float32"
+        self._dropout_layer.dtype_policy = "float32"
 
     def _compute_attention(
         self,
@@ -131,29 +242,18 @@ class MultiHeadAttention(keras.layers.MultiHeadAttention):
         return_attention_scores=False,
         use_causal_mask=False,
     ):
-        # `use_causal_mask` is never True here: stock `call` (source pinned in
-        # tests/layers/test_attention.py) passes it only when `_compute_attention`
-        # is the stock method; for a subclass it folds the causal mask into
-        # `attention_mask` itself (the "causal" path test checks the result).
-        # QK^T sums key_dim products: entries near 300 already exceed float16's
-        # 65504, and bfloat16 rounds each logit to 8 bits. Scale, dot product,
-        # mask and softmax therefore run in float32.
-        attention_scores = float32_scores(
-            self._dot_product_equation, key, query, float(self._inverse_sqrt_key_dim)
-        )
-        attention_scores = self._masked_softmax(attention_scores, attention_mask)
-        if self._dropout > 0.0:
-            final_attn_scores = self._dropout_layer(attention_scores, training=training)
-        else:
-            final_attn_scores = attention_scores
-        # Probabilities are in [0, 1]: the value einsum is safe (and fast) in
-        # the compute dtype.
-        attention_output = ops.einsum(
-            self._combine_equation,
-            ops.cast(final_attn_scores, value.dtype),
+        # Stock `call` folds the causal mask into `attention_mask` for a subclass, but
+        # subclasses and tests that call this method directly pass `use_causal_mask`.
+        return float32_attention(
+            self,
+            query,
+            key,
             value,
+            attention_mask=attention_mask,
+            training=training,
+            return_attention_scores=return_attention_scores,
+            use_causal_mask=use_causal_mask,
         )
-        return attention_output, attention_scores
 
     def compute_output_spec(self, query, value, key=None, *args, **kwargs):
         spec = super().compute_output_spec(query, value, key, *args, **kwargs)

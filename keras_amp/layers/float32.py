@@ -3,29 +3,21 @@
 import keras
 from keras import ops
 
-# No public API reads a variable without autocasting (Keras 3.15.1).
+# No public API reads a variable without autocasting (Keras 3.15.1); guarded in the guard table.
 from keras.src.backend import AutocastScope
 
+from keras_amp import model_graph, validation
+
 _COMPUTE = "compute"
+# `output_dtype` values besides None: the compute dtype, or a floating dtype by name.
+OUTPUT_DTYPES = (_COMPUTE, "float16", "bfloat16", "float32", "float64")
 
 
 def validate_output_dtype(output_dtype):
     """Returns `output_dtype` checked: None, "compute" or a floating dtype name."""
-    if output_dtype is None or output_dtype == _COMPUTE:
-        return output_dtype
-    if not isinstance(output_dtype, str):
-        raise TypeError(
-            "`output_dtype` must be None, 'compute' or a floating dtype name. "
-            f"Received: output_dtype={output_dtype!r} of type {type(output_dtype).__name__}"
-        )
-    dtype = keras.backend.standardize_dtype(output_dtype)
-    if not keras.backend.is_float_dtype(dtype):
-        raise ValueError(
-            "`output_dtype` must be a floating dtype. "
-            f"Received: output_dtype={output_dtype!r}, allowed: None, 'compute', "
-            "'float16', 'bfloat16', 'float32', 'float64'"
-        )
-    return dtype
+    if output_dtype is None:
+        return None
+    return validation.check_choice("output_dtype", output_dtype, OUTPUT_DTYPES)
 
 
 def resolve_output_dtype(output_dtype, compute_dtype):
@@ -43,19 +35,19 @@ def _is_float(x):
     )
 
 
-def to_float32(x):
-    """Casts a floating tensor to float32; leaves integer/bool tensors and None alone."""
-    return ops.cast(x, "float32") if _is_float(x) else x
+def float32_variables():
+    """Context in which variables are read as stored (float32), never autocast.
+
+    `autocast=False` on a layer does not stop Keras (3.15.1) from opening a compute-dtype
+    `AutocastScope` when a mixed-policy layer is called outside any model, so islands
+    read their weights and state variables inside this.
+    """
+    return AutocastScope(None)
 
 
 def float32_value(variable):
-    """The float32 value of a float32 variable, never autocast.
-
-    `autocast=False` on a layer does not stop Keras from opening a compute-dtype
-    `AutocastScope` when a mixed-policy layer is called outside any model, so
-    islands read their weights and state variables through this.
-    """
-    with AutocastScope(None):
+    """The float32 value of a float32 variable, never autocast."""
+    with float32_variables():
         return ops.cast(variable.value, "float32")
 
 
@@ -66,7 +58,7 @@ def _cast_floats(structure, dtype):
 
 
 @keras.saving.register_keras_serializable(package="keras_amp")
-class Float32(keras.layers.Wrapper):
+class Float32(model_graph.Float32Island, keras.layers.Wrapper):
     """Runs the wrapped layer in float32 under any dtype policy.
 
     For numerically sensitive layers Keras does not already keep in float32: a
@@ -91,17 +83,11 @@ class Float32(keras.layers.Wrapper):
     >>> y = norm(x)  # MyNorm ran in float32, y is float16
     """
 
-    # Deliberately float32 (so is every layer it wraps): not counted by warn_if_built_before_enable.
-    _keras_amp_float32_island = True
-
     def __init__(self, layer, output_dtype=None, **kwargs):
-        if not isinstance(layer, keras.layers.Layer):
-            raise TypeError(
-                "`layer` must be a `keras.layers.Layer` instance. "
-                f"Received: layer={layer!r} of type {type(layer).__name__}"
-            )
+        validation.check_type("layer", layer, keras.layers.Layer, "a `keras.layers.Layer` instance")
+        output_dtype = validate_output_dtype(output_dtype)
         super().__init__(layer, **kwargs)
-        self.output_dtype = validate_output_dtype(output_dtype)
+        self.output_dtype = output_dtype
         bad = [w.path for w in layer.weights if w.dtype != "float32"]
         if bad:
             raise ValueError(
@@ -109,11 +95,11 @@ class Float32(keras.layers.Wrapper):
                 f"Received: layer={layer.name!r} with non-float32 variables {bad}"
             )
         # Every nested layer too: a sublayer keeping its own mixed policy would
-        # still compute in float16 inside the island.
-        # They are marked as islands so warn_if_built_before_enable does not count them.
-        for sublayer in layer._flatten_layers(include_self=True):
+        # still compute in float16 inside the island. (The model walkers stop at this
+        # island, so nothing inside needs a mark of its own.)
+        layer.dtype_policy = "float32"
+        for _, sublayer in model_graph.walk(layer):
             sublayer.dtype_policy = "float32"
-            sublayer._keras_amp_float32_island = True
         # Float32 island: no input autocast, so float32 inputs are not rounded to
         # the compute dtype before being cast (back) to float32.
         self.autocast = False

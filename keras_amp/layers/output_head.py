@@ -2,9 +2,11 @@
 
 import keras
 
+from keras_amp import model_graph
+
 
 @keras.saving.register_keras_serializable(package="keras_amp")
-class OutputHead(keras.layers.Dense):
+class OutputHead(model_graph.Float32Island, keras.layers.Dense):
     """A `Dense` layer (and its activation) that computes in float32.
 
     Under a mixed policy a stock `Dense(activation="softmax")` head runs its
@@ -30,9 +32,6 @@ class OutputHead(keras.layers.Dense):
     tf.float32
     """
 
-    # Deliberately float32: keras_amp.policy.warn_if_built_before_enable does not count it.
-    _keras_amp_float32_island = True
-
     def __init__(self, units, activation=None, **kwargs):
         dtype = kwargs.pop("dtype", None)
         if dtype is None:
@@ -41,7 +40,7 @@ class OutputHead(keras.layers.Dense):
         if policy.compute_dtype != "float32" or policy.variable_dtype != "float32":
             raise ValueError(
                 "`OutputHead` computes in float32; its `dtype` must be a float32 "
-                f"policy. Received: dtype={dtype!r}, allowed: None, 'float32'"
+                f"policy. Received: dtype={dtype!r}. Allowed: None, 'float32'"
             )
         # Float32 island: the head's matmul, activation and output are the loss
         # input, so they stay in float32 whatever the global policy.

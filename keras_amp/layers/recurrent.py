@@ -13,17 +13,19 @@ gates, nonlinearities and the state update in float32. The carried state (LSTM
 when returned; the LSTM's `h` is `o * tanh(c)`, bounded, recomputed every
 step, and returned in the compute dtype like the output sequence.
 
-The layers override `RNN.call` (to keep the carried state float32; otherwise a
-copy of the stock method) and never take the cuDNN path, whose fused kernel
-computes gates in the compute dtype. On a GPU that costs speed against stock
-LSTM/GRU with cuDNN; this was not measured (no GPU in the session that wrote
-this). `tests/layers/test_recurrent.py` pins the stock sources these overrides
-copy or rely on.
+The layers override `RNN.call` (a copy of the stock method with one dtype per
+state instead of the compute dtype for all: stock's casts are inline, with no hook)
+and are built with `use_cudnn=False`, the public switch to the generic loop: the
+fused cuDNN kernel computes gates in the compute dtype. A float32-policy cell under
+stock `RNN.call` was measured as the alternative and rounds the returned and
+stateful states (BUILD_NOTES.md, "RNN.call copy").
 """
 
 import keras
 from keras import ops
 
+from keras_amp import model_graph, validation
+from keras_amp.layers import arguments
 from keras_amp.layers.float32 import float32_value
 
 # Keras version the `call` override below was copied from.
@@ -54,14 +56,35 @@ def _f32(x):
     return ops.cast(x, "float32")
 
 
+# Arguments checked at construction (stock clips dropout rates into [0, 1] silently and
+# stores non-bool flags as given).
+_CELL_CHECKS = {
+    "units": arguments.check_positive_int,
+    "use_bias": validation.check_bool,
+    "dropout": arguments.check_rate,
+    "recurrent_dropout": arguments.check_rate,
+}
+_LAYER_CHECKS = {
+    **_CELL_CHECKS,
+    "return_sequences": validation.check_bool,
+    "return_state": validation.check_bool,
+    "go_backwards": validation.check_bool,
+    "stateful": validation.check_bool,
+    "unroll": validation.check_bool,
+}
+
+
 @keras.saving.register_keras_serializable(package="keras_amp")
-class LSTMCell(keras.layers.LSTMCell):
+class LSTMCell(arguments.CheckedArguments, keras.layers.LSTMCell):
     """`keras.layers.LSTMCell` with float32 gates and cell state.
 
     Same arguments and weights as `keras.layers.LSTMCell`. States are
     `[h, c]`: `h` in the compute dtype, `c` float32. The cell has
     `autocast=False`, so every cast in `call` is explicit.
     """
+
+    STOCK = keras.layers.LSTMCell
+    ARGUMENT_CHECKS = {**_CELL_CHECKS, "unit_forget_bias": validation.check_bool}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -102,12 +125,15 @@ class LSTMCell(keras.layers.LSTMCell):
 
 
 @keras.saving.register_keras_serializable(package="keras_amp")
-class GRUCell(keras.layers.GRUCell):
+class GRUCell(arguments.CheckedArguments, keras.layers.GRUCell):
     """`keras.layers.GRUCell` with float32 gates and hidden state.
 
     Same arguments and weights as `keras.layers.GRUCell`. The carried state
     `h` is float32; the cell's output is `h` in the compute dtype.
     """
+
+    STOCK = keras.layers.GRUCell
+    ARGUMENT_CHECKS = {**_CELL_CHECKS, "reset_after": validation.check_bool}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -166,18 +192,43 @@ class GRUCell(keras.layers.GRUCell):
         return [ops.zeros((batch_size, self.units), dtype="float32")]
 
 
-class _Float32CarryMixin:
-    """`RNN.call` (Keras 3.15.1) with per-state dtypes instead of one compute dtype."""
+def _use_cudnn(layer_name, value):
+    """`use_cudnn` checked: "auto" or False (both mean the generic loop); True raises."""
+    if value is False or (isinstance(value, str) and value == "auto"):
+        return False
+    if value is True:
+        raise ValueError(
+            f"keras_amp's {layer_name} keeps gates and state in float32 and cannot use cuDNN, "
+            "whose fused kernel computes them in the compute dtype. "
+            f"Received: use_cudnn={value!r}. Allowed: 'auto', False"
+        )
+    if isinstance(value, str):
+        raise ValueError(f"Unknown `use_cudnn`. Received: use_cudnn={value!r}. Allowed: 'auto', False")
+    raise TypeError(f"`use_cudnn` must be 'auto' or False. Received: use_cudnn={value!r} of type {type(value).__name__}")
+
+
+class _Float32Carry(model_graph.Float32Island, arguments.CheckedArguments):
+    """Arguments checked at creation; the cell swapped for ours; `RNN.call` (Keras 3.15.1)
+    with per-state dtypes instead of one compute dtype."""
+
+    CELL: type
+
+    def __init__(self, *args, **kwargs):
+        _use_cudnn(type(self).__name__, kwargs.pop("use_cudnn", "auto"))
+        # use_cudnn=False: the stock layer's public switch to the generic loop, where our
+        # cell runs (cuDNN would compute the gates in the compute dtype).
+        super().__init__(*args, use_cudnn=False, **kwargs)
+        stock_cell = self.cell
+        self.cell = self.CELL.from_config(stock_cell.get_config())
+        # The stock cell was tracked when the stock constructor assigned it; drop it so
+        # the layer has one cell (and one set of weights) as stock does.
+        self._layers[:] = [sub for sub in self._layers if sub is not stock_cell]
+        # Our `call` casts explicitly; float32 states and stateful variables must
+        # not be autocast to the compute dtype when read.
+        self.autocast = False
 
     def _state_dtypes(self):
         return self.cell.state_dtypes
-
-    def inner_loop(self, sequences, initial_state, mask, training=False):
-        # Skip the stock LSTM/GRU cuDNN attempt: cuDNN computes gates in the
-        # compute dtype. Always run our cell in the generic loop.
-        return keras.layers.RNN.inner_loop(
-            self, sequences, initial_state, mask, training=training
-        )
 
     def call(self, sequences, initial_state=None, mask=None, training=False):
         timesteps = sequences.shape[1]
@@ -207,10 +258,17 @@ class _Float32CarryMixin:
                 )
         if not keras.tree.is_nested(initial_state):
             initial_state = [initial_state]
+        initial_state = list(initial_state)
+        if len(initial_state) != len(self._state_dtypes()):
+            names = "[h, c]" if len(self._state_dtypes()) == 2 else "[h]"
+            raise ValueError(
+                f"`initial_state` must hold {len(self._state_dtypes())} tensor(s), {names}, for "
+                f"{type(self).__name__}. Received: initial_state with {len(initial_state)} tensors"
+            )
         # Stock casts every state to the compute dtype here; the carried state
         # must stay float32 or it rounds to float16 at every step.
         initial_state = [
-            ops.cast(s, d) for s, d in zip(list(initial_state), self._state_dtypes())
+            ops.cast(s, d) for s, d in zip(initial_state, self._state_dtypes())
         ]
         sequences = ops.cast(sequences, self.compute_dtype)
         self._maybe_config_dropout_masks(self.cell, sequences[:, 0, :], initial_state)
@@ -238,20 +296,8 @@ class _Float32CarryMixin:
         return [output, *states]
 
 
-def _swap_cell(layer, cell_cls):
-    """Replaces the stock cell built by the stock constructor with ours (same args)."""
-    stock_cell = layer.cell
-    layer.cell = cell_cls.from_config(stock_cell.get_config())
-    # The stock cell was tracked when the stock constructor assigned it; drop
-    # it so the layer has one cell (and one set of weights) as stock does.
-    layer._layers[:] = [sub for sub in layer._layers if sub is not stock_cell]
-    # Our `call` casts explicitly; float32 states and stateful variables must
-    # not be autocast to the compute dtype when read.
-    layer.autocast = False
-
-
 @keras.saving.register_keras_serializable(package="keras_amp")
-class LSTM(_Float32CarryMixin, keras.layers.LSTM):
+class LSTM(_Float32Carry, keras.layers.LSTM):
     """`keras.layers.LSTM` with float32 gates and cell state.
 
     Same arguments, weights and config as `keras.layers.LSTM`. Input and
@@ -259,8 +305,10 @@ class LSTM(_Float32CarryMixin, keras.layers.LSTM):
     and tanh, and the cell state `c` are float32. Outputs and the returned `h`
     state are in the compute dtype; the returned `c` state is float32 (so a
     float32 state can be fed back as `initial_state` without rounding), as
-    are the stateful variables. `use_cudnn` is accepted for compatibility but
-    cuDNN is never used (it would compute gates in the compute dtype).
+    are the stateful variables. cuDNN is never used (it would compute gates in
+    the compute dtype): `use_cudnn` may be `"auto"` or `False` and is stored as
+    `False`; `True` raises. `units`, the dropout rates and the flags are checked
+    when the layer is created; `initial_state` must be `[h, c]`.
 
     Example:
 
@@ -270,20 +318,22 @@ class LSTM(_Float32CarryMixin, keras.layers.LSTM):
     (tf.float16, tf.float16, tf.float32)
     """
 
-    def __init__(self, units, *args, **kwargs):
-        super().__init__(units, *args, **kwargs)
-        _swap_cell(self, LSTMCell)
+    STOCK = keras.layers.LSTM
+    CELL = LSTMCell
+    ARGUMENT_CHECKS = {**_LAYER_CHECKS, "unit_forget_bias": validation.check_bool}
 
 
 @keras.saving.register_keras_serializable(package="keras_amp")
-class GRU(_Float32CarryMixin, keras.layers.GRU):
+class GRU(_Float32Carry, keras.layers.GRU):
     """`keras.layers.GRU` with float32 gates and hidden state.
 
     Same arguments, weights and config as `keras.layers.GRU`. Input and
     recurrent matmuls run in the compute dtype; gate pre-activations,
     nonlinearities and the carried hidden state are float32. Outputs are in
     the compute dtype; the returned state and the stateful variable are
-    float32 (the state is the carry). cuDNN is never used.
+    float32 (the state is the carry). cuDNN is never used (`use_cudnn` as for
+    `LSTM`); arguments are checked when the layer is created; `initial_state`
+    must be `[h]`.
 
     Example:
 
@@ -293,6 +343,6 @@ class GRU(_Float32CarryMixin, keras.layers.GRU):
     (tf.bfloat16, tf.float32)
     """
 
-    def __init__(self, units, *args, **kwargs):
-        super().__init__(units, *args, **kwargs)
-        _swap_cell(self, GRUCell)
+    STOCK = keras.layers.GRU
+    CELL = GRUCell
+    ARGUMENT_CHECKS = {**_LAYER_CHECKS, "reset_after": validation.check_bool}

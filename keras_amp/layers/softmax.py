@@ -3,11 +3,13 @@
 import keras
 from keras import ops
 
-from keras_amp.layers.float32 import resolve_output_dtype, to_float32, validate_output_dtype
+from keras_amp import model_graph
+from keras_amp.layers import arguments
+from keras_amp.layers.float32 import resolve_output_dtype, validate_output_dtype
 
 
 @keras.saving.register_keras_serializable(package="keras_amp")
-class Softmax(keras.layers.Softmax):
+class Softmax(model_graph.Float32Island, keras.layers.Softmax):
     """Softmax activation layer computed in float32.
 
     Stock `keras.layers.Softmax` computes in the layer's compute dtype: under
@@ -21,7 +23,8 @@ class Softmax(keras.layers.Softmax):
     Args:
         axis: Integer, or list of Integers, axis along which the softmax
             normalization is applied. Defaults to `-1`.
-        output_dtype: `None`, `"compute"` or a floating dtype name. `None`
+        output_dtype: `None`, `"compute"`, `"float16"`, `"bfloat16"`,
+            `"float32"` or `"float64"`. `None`
             (default) returns float32; `"compute"` casts the result back to
             the layer's compute dtype (e.g. float16 under `mixed_float16`).
         **kwargs: Base layer keyword arguments, such as `name` and `dtype`.
@@ -35,8 +38,10 @@ class Softmax(keras.layers.Softmax):
     """
 
     def __init__(self, axis=-1, output_dtype=None, **kwargs):
+        axis = arguments.check_axis("axis", axis)
+        output_dtype = validate_output_dtype(output_dtype)
         super().__init__(axis=axis, **kwargs)
-        self.output_dtype = validate_output_dtype(output_dtype)
+        self.output_dtype = output_dtype
         # Float32 island: without autocast the float32 logits a previous island
         # produced are not rounded to float16/bfloat16 on the way in.
         self.autocast = False
@@ -48,7 +53,7 @@ class Softmax(keras.layers.Softmax):
         # exp() and the normaliser overflow float16, and bfloat16's 8-bit
         # mantissa loses small probabilities: the whole softmax runs in float32.
         # With float32 logits the stock layer masks with -1e9, which float32 holds.
-        inputs = to_float32(inputs)
+        inputs = ops.cast(inputs, "float32")
         if isinstance(self.axis, (tuple, list)) and len(self.axis) > 1:
             # Stock uses exp(x - logsumexp(x)) over several axes: for logits near
             # 1e4 that subtraction loses ~5e-4 even in float32. Shifting by the

@@ -5,9 +5,9 @@ import tempfile
 import time
 
 import pytest
-from harness import ENV, argv, tagged
 
-from keras_amp.distribute import launcher
+from keras_amp.distribute import local_cluster
+from tests.distribute.harness import ENV, argv, tagged
 
 pytestmark = pytest.mark.distributed
 
@@ -20,11 +20,11 @@ def _pick(r):
 
 def test_killed_worker_resumes_from_last_backup_and_matches_uninterrupted_run():
     with tempfile.TemporaryDirectory() as root:
-        reference = launcher.launch(argv("resume", "reference", f"{root}/ref", 90), 2, timeout=300, env=ENV)
+        reference = local_cluster.launch(argv("resume", "reference", f"{root}/ref", 90), 2, timeout=300, env=ENV)
         assert all(w.ok for w in reference), [w.tail() for w in reference]
         ref_final = [tagged(w.stdout, "RESULT")[0] for w in reference]
 
-        with launcher.LocalCluster(argv("resume", "victim", f"{root}/run", 20), 2, env=ENV) as cluster:
+        with local_cluster.LocalCluster(argv("resume", "victim", f"{root}/run", 20), 2, env=ENV) as cluster:
             assert cluster.wait_for_output(1, "MID_EPOCH", timeout=240), cluster.output(1)
             cluster.kill(1, signal.SIGKILL)
             killed_at = time.monotonic()

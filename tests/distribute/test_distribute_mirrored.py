@@ -1,7 +1,8 @@
 """MirroredStrategy over 2 logical CPUs (one subprocess per case): fit under both mixed policies."""
 
 import pytest
-from harness import single
+
+from tests.distribute.harness import single
 
 pytestmark = pytest.mark.distributed
 

@@ -3,9 +3,9 @@
 import math
 
 import pytest
-from harness import COLLECTIVE_TIMEOUT, ENV, argv, cluster, tagged
 
-from keras_amp.distribute import launcher
+from keras_amp.distribute import local_cluster
+from tests.distribute.harness import COLLECTIVE_TIMEOUT, ENV, argv, cluster, tagged
 
 pytestmark = pytest.mark.distributed
 
@@ -21,6 +21,9 @@ def test_fit_identical_on_both_workers_and_matches_reference(policy, atol):
     workers, (r0, r1) = cluster("mwms_fit", policy, "full", COLLECTIVE_TIMEOUT)
     assert all(w.returncode == 0 for w in workers), [w.tail() for w in workers]
     assert r0["fix_installed"] and r0["replicas"] == 2
+    # VerifyPrecision ran at fit start on both workers and compared the model and optimizer too.
+    assert {"layer_policies", "loss_scale", "policy"} <= set(r0["verified_fields"])
+    assert r0["verified_fields"] == r1["verified_fields"]
     assert r0["losses"] == r1["losses"] and len(r0["losses"]) == 2
     assert r0["digest"] == r1["digest"] and r0["finite"]
     assert r0["iterations"] == r1["iterations"] == 8
@@ -45,7 +48,7 @@ def test_stock_optimizer_deadlocks_on_one_worker_overflow():
     """Stock Keras decides on local gradients: worker 0 all-reduces gradients, worker 1 skips to the
     next collective; both wait until the (short) collective timeout fires."""
     timeout = 20
-    workers = launcher.launch(argv("mwms_overflow", "stock", timeout), 2, timeout=240, env=ENV)
+    workers = local_cluster.launch(argv("mwms_overflow", "stock", timeout), 2, timeout=240, env=ENV)
     assert not any(w.timed_out for w in workers), [w.tail() for w in workers]
     assert all(w.returncode != 0 for w in workers), [w.tail() for w in workers]
     # Each worker dies of the collective timeout (status 3 with its error), or TensorFlow aborts
@@ -61,8 +64,9 @@ def test_stock_optimizer_deadlocks_on_one_worker_overflow():
     [
         pytest.param("policy", "multi_worker", {"policy", "compute_dtype", "loss_scaling"}, id="policy"),
         pytest.param("tf32", "multi_worker", {"tf32"}, id="tf32"),
-        pytest.param("tier", "fit", {"loss_scale"}, id="loss_scale_tier"),
-        pytest.param("layer_policies", "fit", {"layer_policies"}, id="layer_policy"),
+        # VerifyPrecision: at fit start (on_train_begin) and at evaluate start (on_test_begin).
+        pytest.param("tier", "fit", {"loss_scale"}, id="loss_scale_tier-fit"),
+        pytest.param("layer_policies", "evaluate", {"layer_policies"}, id="layer_policy-evaluate"),
     ],
 )
 def test_mismatch_raises_on_every_worker_naming_the_field(field, stage, expected):

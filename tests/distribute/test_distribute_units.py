@@ -1,42 +1,160 @@
-"""In-process tests of keras_amp.distribute's helpers (no cluster needed)."""
+"""In-process tests of keras_amp.distribute's data helpers, strategies' argument checks and the
+local-cluster tool (no cluster needed), with the table of bad inputs for the distribute API."""
 
 import json
+import math
 import socket
 import sys
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_amp.distribute import data, local_cluster, strategies
 import keras_amp
-import importlib
-
-from keras_amp.distribute import data, launcher
-
-# The package re-exports the function `verify`, which shadows the submodule of the same name.
-verify = importlib.import_module("keras_amp.distribute.verify")
 
 
-class _Fake:
+class _Replicas(tf.distribute.OneDeviceStrategy):
+    """A real Strategy that reports `n` replicas: tests the batch arithmetic without n devices."""
+
     def __init__(self, n):
-        self.num_replicas_in_sync = n
+        super().__init__("/cpu:0")
+        self._n = n
+
+    @property
+    def num_replicas_in_sync(self):
+        return self._n
+
+
+_DEFAULT = tf.distribute.get_strategy()
+_DS = tf.data.Dataset.range(8)
+
+# (callable, kwargs, exception, argument named in the message): the distribute rows of the
+# central bad-input table (tests/test_bad_input.py).
+BAD_INPUTS = [
+    (keras_amp.distribute.multi_worker, {"timeout_seconds": math.nan}, ValueError, "timeout_seconds"),
+    (keras_amp.distribute.multi_worker, {"timeout_seconds": True}, TypeError, "timeout_seconds"),
+    (keras_amp.distribute.multi_worker, {"timeout_seconds": "10"}, TypeError, "timeout_seconds"),
+    (keras_amp.distribute.multi_worker, {"timeout_seconds": 0}, ValueError, "timeout_seconds"),
+    (keras_amp.distribute.multi_worker, {"implementation": ["ring"]}, TypeError, "implementation"),
+    (keras_amp.distribute.multi_worker, {"implementation": "gloo"}, ValueError, "implementation"),
+    (keras_amp.distribute.multi_worker, {"cluster_resolver": "x"}, TypeError, "cluster_resolver"),
+    (keras_amp.distribute.multi_worker, {"verify_at_fit": "no"}, TypeError, "verify_at_fit"),  # removed
+    (keras_amp.distribute.mirrored, {"devices": "/cpu:0"}, TypeError, "devices"),
+    (keras_amp.distribute.mirrored, {"devices": [0]}, TypeError, "devices"),
+    (keras_amp.distribute.mirrored, {"cross_device_ops": "nccl"}, TypeError, "cross_device_ops"),
+    (keras_amp.distribute.verify, {"strategy": "mirrored"}, TypeError, "strategy"),
+    (keras_amp.distribute.verify, {"strategy": _DEFAULT, "timeout_seconds": math.nan}, ValueError, "timeout_seconds"),
+    (keras_amp.distribute.verify, {"strategy": _DEFAULT, "timeout_seconds": True}, TypeError, "timeout_seconds"),
+    (keras_amp.distribute.verify, {"strategy": _DEFAULT, "timeout_seconds": "10"}, TypeError, "timeout_seconds"),
+    (keras_amp.distribute.verify, {"strategy": _DEFAULT, "model": "x"}, TypeError, "model"),
+    (keras_amp.distribute.verify, {"strategy": _DEFAULT, "model": _DS}, TypeError, "model"),
+    (keras_amp.distribute.verify, {"strategy": _DEFAULT, "optimizer": "x"}, TypeError, "optimizer"),
+    (keras_amp.distribute.VerifyPrecision, {"timeout_seconds": "10"}, TypeError, "timeout_seconds"),
+    (keras_amp.distribute.VerifyPrecision, {"timeout_seconds": -1}, ValueError, "timeout_seconds"),
+    (keras_amp.distribute.global_batch_size, {"per_replica_batch_size": 8, "strategy": "x"}, TypeError, "strategy"),
+    (keras_amp.distribute.global_batch_size, {"per_replica_batch_size": 8.0, "strategy": _DEFAULT}, TypeError,
+     "per_replica_batch_size"),
+    (keras_amp.distribute.global_batch_size, {"per_replica_batch_size": True, "strategy": _DEFAULT}, TypeError,
+     "per_replica_batch_size"),
+    (keras_amp.distribute.global_batch_size, {"per_replica_batch_size": 0, "strategy": _DEFAULT}, ValueError,
+     "per_replica_batch_size"),
+    (keras_amp.distribute.per_replica_batch_size, {"global_batch_size": 16, "strategy": object()}, TypeError,
+     "strategy"),
+    (keras_amp.distribute.per_replica_batch_size, {"global_batch_size": "16", "strategy": _DEFAULT}, TypeError,
+     "global_batch_size"),
+    (keras_amp.distribute.prepare, {"dataset": "x", "strategy": _DEFAULT, "per_replica_batch_size": 2}, TypeError,
+     "dataset"),
+    (keras_amp.distribute.prepare, {"dataset": [1, 2], "strategy": _DEFAULT, "per_replica_batch_size": 2}, TypeError,
+     "dataset"),
+    (keras_amp.distribute.prepare, {"dataset": np.zeros(4), "strategy": _DEFAULT, "per_replica_batch_size": 2},
+     TypeError, "dataset"),
+    (keras_amp.distribute.prepare, {"dataset": _DS, "strategy": "x", "per_replica_batch_size": 2}, TypeError,
+     "strategy"),
+    (keras_amp.distribute.prepare, {"dataset": _DS, "strategy": _DEFAULT, "per_replica_batch_size": 0}, ValueError,
+     "per_replica_batch_size"),
+    (keras_amp.distribute.prepare, {"dataset": _DS, "strategy": _DEFAULT, "per_replica_batch_size": 2,
+                                    "shard": ["data"]}, TypeError, "shard"),
+    (keras_amp.distribute.prepare, {"dataset": _DS, "strategy": _DEFAULT, "per_replica_batch_size": 2,
+                                    "shard": "rows"}, ValueError, "shard"),
+    (keras_amp.distribute.prepare, {"dataset": _DS.batch(4), "strategy": _DEFAULT, "per_replica_batch_size": 2},
+     ValueError, "dataset"),
+    (keras_amp.distribute.with_auto_shard_policy, {"dataset": _DS, "policy": ["data"]}, TypeError, "policy"),
+    (keras_amp.distribute.with_auto_shard_policy, {"dataset": "x", "policy": "data"}, TypeError, "dataset"),
+    (keras_amp.distribute.auto_shard_policy, {"dataset": None}, TypeError, "dataset"),
+    (local_cluster.free_ports, {"count": 100000}, ValueError, "count"),
+    (local_cluster.free_ports, {"count": "2"}, TypeError, "count"),
+    (local_cluster.configure_logical_cpus, {"count": 0}, ValueError, "count"),
+    (local_cluster.configure_logical_cpus, {"count": 2.0}, TypeError, "count"),
+    (local_cluster.tf_config, {"ports": [1111], "index": 1}, ValueError, "index"),
+    (local_cluster.tf_config, {"ports": 1111, "index": 0}, TypeError, "ports"),
+    (local_cluster.launch, {"argv": "python train.py", "timeout": 10}, TypeError, "argv"),
+    (local_cluster.launch, {"argv": [sys.executable], "timeout": math.nan}, ValueError, "timeout"),
+    (local_cluster.launch, {"argv": [sys.executable], "num_workers": 0, "timeout": 10}, ValueError, "num_workers"),
+    (local_cluster.launch, {"argv": [sys.executable], "timeout": 10, "env": {"A": 1}}, TypeError, "env"),
+    (local_cluster.LocalCluster, {"argv": [], "num_workers": 2}, ValueError, "argv"),
+]
+
+
+def _case_id(row):
+    fn, kwargs, error, name = row
+    value = kwargs.get(name)
+    shown = repr(value) if isinstance(value, (str, int, float, list, dict, type(None))) else type(value).__name__
+    return f"{fn.__name__}-{name}={shown}"[:60]
+
+
+@pytest.mark.parametrize("fn, kwargs, error, name", BAD_INPUTS, ids=[_case_id(r) for r in BAD_INPUTS])
+def test_bad_input_raises_naming_the_argument(fn, kwargs, error, name):
+    with pytest.raises(error) as info:
+        fn(**kwargs)
+    assert name in str(info.value), str(info.value)
+    if name != "verify_at_fit":  # Python's own "unexpected keyword" message for the removed argument
+        assert "Received" in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text, part",
+    [
+        pytest.param("[]", "must be a JSON object", id="list"),
+        pytest.param("not json", "must be JSON", id="not-json"),
+        pytest.param("", "must be JSON", id="empty"),
+        pytest.param('{"cluster": []}', '"cluster" must be a JSON object', id="cluster-list"),
+        pytest.param('{"task": 0}', '"task" must be a JSON object', id="task-int"),
+    ],
+)
+def test_malformed_tf_config_is_a_clear_value_error(monkeypatch, text, part):
+    monkeypatch.setenv("TF_CONFIG", text)
+    with pytest.raises(ValueError, match=part) as info:
+        keras_amp.distribute.multi_worker(timeout_seconds=5)
+    assert f"Received: TF_CONFIG={text!r}" in str(info.value)
+
+
+def test_well_formed_tf_config_is_read(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", json.dumps(local_cluster.tf_config([1111, 2222], 1)))
+    assert strategies.read_tf_config()["task"] == {"type": "worker", "index": 1}
+    monkeypatch.delenv("TF_CONFIG")
+    assert strategies.read_tf_config() is None
 
 
 @pytest.mark.parametrize("replicas, per_replica, total", [(1, 32, 32), (2, 8, 16), (8, 64, 512)])
 def test_batch_sizes_round_trip(replicas, per_replica, total):
-    s = _Fake(replicas)
+    s = _Replicas(replicas)
     assert data.global_batch_size(per_replica, s) == total
     assert data.per_replica_batch_size(total, s) == per_replica
 
 
-def test_batch_size_errors():
+def test_numpy_integer_batch_sizes_are_accepted_as_python_ints():
+    s = _Replicas(2)
+    total = data.global_batch_size(np.int64(8), s)
+    assert total == 16 and type(total) is int
+    assert type(data.per_replica_batch_size(np.int32(16), s)) is int
+    ds = data.prepare(tf.data.Dataset.range(8), s, per_replica_batch_size=np.uint8(2))
+    assert [b.numpy().tolist() for b in ds] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_uneven_global_batch_is_refused():
     with pytest.raises(ValueError, match="multiple of the 4 replicas.*Received: global_batch_size=10"):
-        data.per_replica_batch_size(10, _Fake(4))
-    with pytest.raises(TypeError, match="must be an int"):
-        data.global_batch_size(8.0, _Fake(2))
-    with pytest.raises(ValueError, match=">= 1"):
-        data.global_batch_size(0, _Fake(2))
+        data.per_replica_batch_size(10, _Replicas(4))
 
 
 @pytest.mark.parametrize("policy", ["auto", "file", "data", "hint", "off"])
@@ -46,15 +164,49 @@ def test_auto_shard_policy_round_trip(policy):
 
 
 def test_prepare_batches_globally_drops_remainder_and_shards_by_data():
-    ds = data.prepare(tf.data.Dataset.range(10), _Fake(2), per_replica_batch_size=2)
+    ds = data.prepare(tf.data.Dataset.range(10), _Replicas(2), per_replica_batch_size=2)
     assert [b.numpy().tolist() for b in ds] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert data.auto_shard_policy(ds) == "data"
-    with pytest.raises(ValueError, match="Unknown auto-shard"):
-        data.with_auto_shard_policy(ds, "rows")
+
+
+_BATCHED = {
+    "batch": lambda ds: ds.batch(2),
+    "batch-then-map-prefetch": lambda ds: ds.batch(2).map(lambda x: x * 2).prefetch(1),
+    "padded_batch": lambda ds: ds.padded_batch(2),
+    "ragged_batch": lambda ds: ds.ragged_batch(2),
+    "parallel-batch": lambda ds: ds.batch(2, num_parallel_calls=2),
+    "zip-with-batched": lambda ds: tf.data.Dataset.zip((ds, ds.batch(2))),
+    "bucket_by_sequence_length": lambda ds: ds.bucket_by_sequence_length(
+        lambda x: tf.cast(x, tf.int32), [4], [2, 2]
+    ),
+}
+_UNBATCHED = {
+    "range": lambda ds: ds,
+    "map-shuffle-repeat": lambda ds: ds.map(lambda x: x + 1).shuffle(4).repeat(2),
+    "batch-then-unbatch": lambda ds: ds.batch(2).unbatch(),
+    "batch-then-flat_map": lambda ds: ds.batch(2).flat_map(tf.data.Dataset.from_tensor_slices),
+}
+
+
+@pytest.mark.parametrize("make", list(_BATCHED.values()), ids=list(_BATCHED))
+def test_prepare_refuses_an_already_batched_dataset(make):
+    """Reads tf.data's private `_inputs()` chain: this fails if TensorFlow changes it."""
+    ds = make(tf.data.Dataset.range(8))
+    assert data._batched_by(ds) is not None
+    with pytest.raises(ValueError, match="`dataset` must be unbatched.*Received: dataset batched upstream by"):
+        data.prepare(ds, _Replicas(2), per_replica_batch_size=2)
+
+
+@pytest.mark.parametrize("make", list(_UNBATCHED.values()), ids=list(_UNBATCHED))
+def test_prepare_accepts_unbatched_datasets(make):
+    ds = make(tf.data.Dataset.range(8))
+    assert data._batched_by(ds) is None
+    batches = list(data.prepare(ds, _Replicas(2), per_replica_batch_size=2))
+    assert batches and all(b.shape == (4,) for b in batches)  # one batch level, global size 4
 
 
 def test_free_ports_distinct_and_bindable():
-    ports = launcher.free_ports(3)
+    ports = local_cluster.free_ports(np.int64(3))
     assert len(set(ports)) == 3
     for p in ports:
         with socket.socket() as s:
@@ -62,40 +214,22 @@ def test_free_ports_distinct_and_bindable():
 
 
 def test_tf_config_layout():
-    cfg = launcher.tf_config([1111, 2222], 1)
+    cfg = local_cluster.tf_config([1111, 2222], 1)
     assert cfg == {"cluster": {"worker": ["127.0.0.1:1111", "127.0.0.1:2222"]}, "task": {"type": "worker", "index": 1}}
-    with pytest.raises(ValueError, match="index"):
-        launcher.tf_config([1111], 1)
 
 
 def test_launch_collects_outputs_and_kills_on_timeout():
     code = "import json,os,sys,time; c=json.loads(os.environ['TF_CONFIG']); i=c['task']['index']; " \
            "print('hello', i, len(c['cluster']['worker'])); sys.stdout.flush(); time.sleep(60 if i else 0)"
-    results = launcher.launch([sys.executable, "-c", code], 2, timeout=10)
+    results = local_cluster.launch([sys.executable, "-c", code], 2, timeout=5)
     assert results[0].ok and results[0].stdout.strip() == "hello 0 2"
     assert results[1].timed_out and results[1].returncode == -9 and "hello 1 2" in results[1].stdout
 
 
-def test_verify_single_replica_returns_fields_of_global_policy_when_not_enabled():
-    keras.config.set_dtype_policy("mixed_float16")
-    fields = verify.verify(tf.distribute.get_strategy())
-    assert fields["policy"] == "mixed_float16" and fields["loss_scaling"] == "True"
-    cfg = keras_amp.enable("mixed_bfloat16")
-    assert verify.verify(tf.distribute.get_strategy()) == cfg.fingerprint_fields()
-
-
-def test_verify_argument_errors():
-    with pytest.raises(TypeError, match="tf.distribute.Strategy"):
-        verify.verify("mirrored")
-    with pytest.raises(ValueError, match="timeout_seconds"):
-        verify.verify(tf.distribute.get_strategy(), timeout_seconds=0)
-
-
-def test_differing_parts_narrow_json_values():
-    parts = verify._differing_parts({0: json.dumps({"a": 1, "tier": "small"}), 1: json.dumps({"a": 1, "tier": "large"})})
-    assert parts == {0: '{"tier": "small"}', 1: '{"tier": "large"}'}
-
-
-def test_hash64_is_stable_int64():
-    h = verify._hash64("mixed_float16")
-    assert h == verify._hash64("mixed_float16") and -(2**63) <= h < 2**63 and h != verify._hash64("float32")
+def test_local_cluster_unknown_worker_is_a_value_error():
+    with local_cluster.LocalCluster([sys.executable, "-c", "pass"], 1) as cluster:
+        cluster.wait(timeout=30)
+        with pytest.raises(ValueError, match="index"):
+            cluster.output(1)
+        with pytest.raises(ValueError, match="index"):
+            cluster.kill(-1)

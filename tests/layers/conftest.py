@@ -4,6 +4,12 @@ import keras
 import numpy as np
 import pytest
 
+def pytest_configure(config):
+    # Keras's own layer test files (run by test_keras_suites.py) carry this marker; with
+    # --strict-markers it must be registered. The TensorFlow backend trains, so it selects nothing out.
+    config.addinivalue_line("markers", "requires_trainable_backend: Keras test needing a backend that trains")
+
+
 POLICIES = ["float32", "mixed_float16", "mixed_bfloat16"]
 MIXED = ["mixed_float16", "mixed_bfloat16"]
 

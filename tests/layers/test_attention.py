@@ -148,6 +148,8 @@ def test_gradients_match_float32(mixed_policy):
 
 STOCK = keras.layers.MultiHeadAttention
 PINNED_SHA256 = {
+    "__init__": "e35ec682b0a40265",  # sets _inverse_sqrt_key_dim
+    "_compute_causal_mask": "69d9aaf9eb2651f4",  # attention._causal_mask builds the same mask
     "_compute_attention": "88168a1a82dd0d31",
     "_build_attention": "26399b12f2810501",
     "_masked_softmax": "f2b05c4b4388a750",
@@ -157,7 +159,6 @@ PINNED_SHA256 = {
 
 def test_guard_stock_keras_unchanged():
     assert keras.__version__.startswith("3.15"), keras.__version__
-    assert attention.KERAS_VERSION == "3.15.1"
     digests = {
         name: source_digest(getattr(STOCK, name))
         for name in PINNED_SHA256
@@ -199,6 +200,151 @@ def test_float32_scores_exact_forward_and_compute_dtype_gradients(dtype):
 
 
 def test_float32_scores_gradient_equations():
+    # Closed form: d(key) contracts the upstream gradient with query, d(query) with key.
     assert attention._gradient_equations("aecd,abcd->acbe") == ("acbe,abcd->aecd", "acbe,aecd->abcd")
     # An index summed away from one operand alone has no einsum gradient of this form.
     assert attention._gradient_equations("aecdz,abcd->acbe") is None
+
+
+# --- float32_attention: the one float32 attention computation, for stock layers and subclasses.
+
+
+def _projected(layer, q, k, v):
+    """The layer's own (B, T, N, H) projections, as `call` feeds `_compute_attention`."""
+    return layer._query_dense(q), layer._key_dense(k), layer._value_dense(v)
+
+
+def _causal(batch=2):
+    return np.broadcast_to(np.tril(np.ones((T, T), bool)), (batch, T, T))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["unmasked", "causal"])
+def test_float32_attention_on_stock_layer(mixed_policy, causal):
+    q, k, v = _inputs()
+    stock = _make(keras.layers.MultiHeadAttention)
+    pq, pk, pv = _projected(stock, q, k, v)
+    out, scores = attention.float32_attention(
+        stock, pq, pk, pv, return_attention_scores=True, use_causal_mask=causal
+    )
+    ref_out, ref_probs, ref_logits = reference(np64(q), np64(k), np64(v), _causal() if causal else None)
+    assert np.abs(ref_logits[np.isfinite(ref_logits)]).max() > 65504  # guard: overflows float16
+    assert scores.dtype == tf.float32
+    np.testing.assert_allclose(np64(scores), ref_probs, atol=1e-6)
+    # Same bound as the subclass: value einsum in the compute dtype (before the output dense).
+    split = lambda x: x.reshape(2, T, HEADS, KEY_DIM)  # noqa: E731
+    assert keras.backend.standardize_dtype(out.dtype) == keras.dtype_policies.get(mixed_policy).compute_dtype
+    np.testing.assert_allclose(np64(out), split(ref_out), atol=8 * u(mixed_policy) * 3 + 1e-5)
+    # The stock layer's own computation on the same projections: QK^T overflows float16
+    # (NaN) or rounds bfloat16 logits near 1e5 to spacing 512.
+    stock_out, _ = stock._compute_attention(pq, pk, pv, return_attention_scores=True, use_causal_mask=causal)
+    stock_err = np.abs(np64(stock_out) - split(ref_out)).max()
+    assert not (stock_err < 0.1), stock_err
+
+
+def test_float32_attention_scores_dtype_and_dropout_stream(mixed_policy):
+    q, k, v = _inputs()
+    stock = _make(keras.layers.MultiHeadAttention, dropout=0.5, seed=4)
+    pq, pk, pv = _projected(stock, q, k, v)
+    cdt = keras.dtype_policies.get(mixed_policy).compute_dtype
+    out, scores = attention.float32_attention(
+        stock, pq, pk, pv, training=True, return_attention_scores=True, scores_dtype=cdt
+    )
+    assert keras.backend.standardize_dtype(scores.dtype) == cdt
+    ref_probs = reference(np64(q), np64(k), np64(v))[1]
+    np.testing.assert_allclose(np64(scores), ref_probs, atol=2 * u(mixed_policy))
+    # The layer's dropout ran on the probabilities: the output is the value einsum of
+    # probabilities that are 0 or p / (1 - rate), with at least one zeroed.
+    no_drop, _ = attention.float32_attention(stock, pq, pk, pv, training=False)
+    assert np.abs(np64(out) - np64(no_drop)).max() > 1e-2  # guard: dropout applied
+    assert np.all(np.isfinite(np64(out)))
+
+
+def test_float32_attention_needs_built_layer():
+    layer = keras.layers.MultiHeadAttention(HEADS, KEY_DIM)  # not built: no einsum equations yet
+    x = tf.zeros((1, T, HEADS, KEY_DIM))
+    with pytest.raises(TypeError, match="_dot_product_equation"):
+        attention.float32_attention(layer, x, x, x)
+
+
+@pytest.mark.parametrize("cls", [MultiHeadAttention, keras.layers.MultiHeadAttention], ids=["ours", "stock"])
+def test_compute_attention_honours_use_causal_mask(mixed_policy, cls):
+    """Called directly (as subclasses and Keras's tests do), `use_causal_mask` is applied."""
+    q, k, v = _inputs()
+    layer = _make(cls) if cls is MultiHeadAttention else _make(cls, dropout=0.1)  # stock: explicit path
+    pq, pk, pv = _projected(layer, q, k, v)
+    _, scores = layer._compute_attention(pq, pk, pv, return_attention_scores=True, use_causal_mask=True)
+    future = ~np.tril(np.ones((T, T), bool))
+    leak = np64(scores)[..., future]
+    if cls is MultiHeadAttention:
+        assert np.all(leak == 0)
+        ref_probs = reference(np64(q), np64(k), np64(v), _causal())[1]
+        np.testing.assert_allclose(np64(scores), ref_probs, atol=1e-6)
+    else:
+        assert np.all(leak[np.isfinite(leak)] == 0)  # stock masks too, in 16 bits
+
+
+def _sublayers(layer):
+    # Class names (stock's own classes) in order; layer names get per-session suffixes.
+    return [type(s).__name__ for s in layer._flatten_layers(include_self=False)]
+
+
+def test_same_sublayers_and_variables_as_stock(mixed_policy):
+    """No dead sublayers: stock's softmax and dropout, made float32; one seed generator."""
+    x = _inputs()[0]
+    stock = keras.layers.MultiHeadAttention(HEADS, KEY_DIM, dropout=0.2, seed=1)
+    ours = MultiHeadAttention(HEADS, KEY_DIM, dropout=0.2, seed=1)
+    stock(x, x)
+    ours(x, x)
+    assert _sublayers(ours) == _sublayers(stock)
+    assert [v.path.split("/")[-1] for v in ours.variables] == [v.path.split("/")[-1] for v in stock.variables]
+    assert sum("seed_generator" in v.path for v in ours.variables) == 1
+    assert ours._softmax.compute_dtype == "float32" and ours._dropout_layer.compute_dtype == "float32"
+    assert stock._softmax.compute_dtype == keras.dtype_policies.get(mixed_policy).compute_dtype
+    # Same seed, same dropout stream: with equal weights, ours and stock drop the same entries.
+    ours.set_weights(stock.get_weights())
+    keras.config.set_dtype_policy("float32")
+    s32 = keras.layers.MultiHeadAttention(HEADS, KEY_DIM, dropout=0.5, seed=3)
+    o32 = MultiHeadAttention(HEADS, KEY_DIM, dropout=0.5, seed=3)
+    s32(x, x)
+    o32(x, x)
+    o32.set_weights(s32.get_weights())
+    a, b = s32(x, x, training=True), o32(x, x, training=True)
+    assert np.abs(np64(a) - np64(s32(x, x, training=False))).max() > 1e-3  # guard: dropout ran
+    np.testing.assert_allclose(np64(b), np64(a), rtol=1e-5, atol=1e-5)
+
+
+def test_float32_attention_on_keras_hub_cached_attention(mixed_policy):
+    """A keras-hub subclass that calls `_compute_attention` with its KV cache."""
+    cached_mha = pytest.importorskip("keras_hub.src.layers.modeling.cached_multi_head_attention")
+    stock_cls = cached_mha.CachedMultiHeadAttention
+
+    class Float32Cached(stock_cls):
+        def _compute_attention(self, query, key, value, attention_mask=None, training=None,
+                               return_attention_scores=False, use_causal_mask=False):
+            return attention.float32_attention(
+                self, query, key, value, attention_mask, training, return_attention_scores, use_causal_mask
+            )
+
+    q, k, v = _inputs()
+    ref_out = reference(np64(q), np64(k), np64(v), _causal())[0]
+    results = {}
+    for cls in (stock_cls, Float32Cached):
+        layer = _make(cls)
+        cache = tf.zeros((2, 2, T, HEADS, KEY_DIM), layer.compute_dtype)
+        out, cache = layer(q, v, k, attention_mask=_causal(), cache=cache, cache_update_index=0)
+        results[cls] = np64(out)
+        assert cache.shape == (2, 2, T, HEADS, KEY_DIM)
+    assert np.isnan(results[stock_cls]).any() or np.abs(results[stock_cls] - ref_out).max() > 0.1
+    np.testing.assert_allclose(results[Float32Cached], ref_out, atol=8 * u(mixed_policy) * 3 + 1e-5)
+
+
+def test_guard_private_attributes_of_a_built_stock_layer():
+    """float32_attention reads these private attributes of a built stock layer (Keras 3.15.1)."""
+    layer = keras.layers.MultiHeadAttention(HEADS, KEY_DIM)
+    layer.build((2, T, DIM), (2, T, DIM))
+    for name in attention.PRIVATE_ATTRIBUTES:
+        assert attention.read_private(layer, name) is getattr(layer, name)
+    assert isinstance(layer._dot_product_equation, str) and "->" in layer._dot_product_equation
+    assert isinstance(layer._combine_equation, str) and "->" in layer._combine_equation
+    assert layer._inverse_sqrt_key_dim == pytest.approx(1 / np.sqrt(KEY_DIM))
+    assert isinstance(layer._dropout_layer, keras.layers.Dropout)

@@ -82,3 +82,45 @@ def test_invalid_arguments():
     half.build((None, 3))
     with pytest.raises(ValueError, match="float32"):
         Float32(half)
+
+
+def test_islands_are_marked_by_class_not_by_attribute(mixed_policy):
+    """Every keras_amp layer is a `model_graph.Float32Island`; nothing sets a marker on the
+    user's layer that `Float32` wraps (its policy is what changes)."""
+    from keras_amp import layers as amp_layers
+    from keras_amp import model_graph
+
+    inner = keras.Sequential([keras.layers.Dense(4), keras.layers.LayerNormalization()])
+    wrapped = Float32(inner)
+    islands = [
+        wrapped,
+        amp_layers.OutputHead(3),
+        amp_layers.Softmax(),
+        amp_layers.LayerNormalization(),
+        amp_layers.BatchNormalization(),
+        amp_layers.GroupNormalization(groups=2),
+        amp_layers.RMSNormalization(),
+        amp_layers.MultiHeadAttention(2, 4),
+        amp_layers.LSTM(2),
+        amp_layers.GRU(2),
+    ]
+    assert all(model_graph.is_island(layer) for layer in islands)
+    for layer in [inner, *inner.layers]:
+        assert not model_graph.is_island(layer)
+        assert not [name for name in vars(layer) if name.startswith("_keras_amp")]
+        assert layer.dtype_policy.name == "float32"
+
+
+def test_float32_value_reads_float32_inside_a_16_bit_autocast_scope(mixed_policy):
+    """Guard for the private `AutocastScope` read: inside a compute-dtype scope (what Keras opens
+    around a mixed layer called outside a model) `float32_value` still gives the float32 value."""
+    from keras.src.backend import AutocastScope
+
+    from keras_amp.layers.float32 import float32_value
+
+    compute = keras.dtype_policies.get(mixed_policy).compute_dtype
+    v = keras.Variable(np.float32(1 + 2.0**-20))  # not representable in float16/bfloat16
+    with AutocastScope(compute):
+        assert keras.backend.standardize_dtype(v.value.dtype) == compute  # guard: the scope autocasts
+        got = float32_value(v)
+    assert got.dtype == tf.float32 and float(got) == 1 + 2.0**-20

@@ -139,3 +139,22 @@ def test_gradients_match_float32(mixed_policy, name):
         scale = np.abs(np64(g32)).max()
         # Only the output cast (and the incoming gradient's cast) is in the compute dtype.
         np.testing.assert_allclose(np64(gm), np64(g32), atol=4 * u(mixed_policy) * scale)
+
+
+@pytest.mark.parametrize("name", CASES, ids=lambda n: n)
+def test_integer_inputs_computed_in_float32(policy, name):
+    """Integer inputs are cast to float32 first; stock LN/RMS compute in integer arithmetic."""
+    cls, kwargs, ref = CASES[name]
+    x = np.array([[[1, 2, 3, 4], [-1, 0, 0, 1]]] * 2, dtype="int64")  # (2, 2, 4)
+    y = _call(cls(**kwargs), x)
+    assert keras.backend.standardize_dtype(y.dtype) == keras.dtype_policies.get(policy).compute_dtype
+    expected = ref(x.astype(np.float64))
+    # Outputs within 2: float32 statistics, one rounding to the compute dtype.
+    np.testing.assert_allclose(np64(y), expected, atol=1e-5 + 2 * u(policy) * 2)
+    if name == "LayerNormalization":
+        # Closed form: (x - 2.5) / sqrt(1.25 + epsilon).
+        closed = (np.arange(1, 5) - 2.5) / np.sqrt(1.25 + EPS)
+        np.testing.assert_allclose(np64(y)[0, 0], closed, atol=1e-5 + 2 * u(policy) * 2)
+    if name in ("LayerNormalization", "RMSNormalization"):
+        stock = np64(_call(getattr(keras.layers, name)(**kwargs), x))
+        assert np.abs(stock - expected).max() > 0.3  # guard: stock returns the integers unnormalised

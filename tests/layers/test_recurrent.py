@@ -7,7 +7,6 @@ import pytest
 import tensorflow as tf
 
 from keras_amp.layers import GRU, LSTM
-from keras_amp.layers import recurrent
 from tests.keras_guard import source_digest
 from tests.layers.conftest import MIXED, np64, sigmoid, u
 
@@ -197,6 +196,8 @@ def test_recurrent_dropout_matches_stock_in_float32(ours, stock):
 STOCK_SOURCES = {
     "RNN.call": keras.layers.RNN.call,
     "RNN.inner_loop": keras.layers.RNN.inner_loop,
+    "LSTM.inner_loop": keras.layers.LSTM.inner_loop,  # use_cudnn=False -> RNN.inner_loop
+    "GRU.inner_loop": keras.layers.GRU.inner_loop,
     "LSTM.__init__": keras.layers.LSTM.__init__,
     "GRU.__init__": keras.layers.GRU.__init__,
     "LSTMCell.call": keras.layers.LSTMCell.call,
@@ -205,6 +206,8 @@ STOCK_SOURCES = {
 PINNED_SHA256 = {
     "RNN.call": "e580bb43258da9c3",
     "RNN.inner_loop": "95624f67dd86cc32",
+    "LSTM.inner_loop": "8dc385b0e14a252e",
+    "GRU.inner_loop": "c60ea87cae404e16",
     "LSTM.__init__": "74003dee042b8d6a",
     "GRU.__init__": "ad6759233509ce98",
     "LSTMCell.call": "c71d0352f74b106d",
@@ -217,9 +220,22 @@ _digest = source_digest
 
 def test_guard_stock_keras_unchanged():
     assert keras.__version__.startswith("3.15"), keras.__version__
-    assert recurrent.KERAS_VERSION == "3.15.1"
     digests = {name: _digest(fn) for name, fn in STOCK_SOURCES.items()}
     assert digests == PINNED_SHA256, (
         "Stock Keras RNN code changed: re-check keras_amp/layers/recurrent.py "
         f"against it, then update PINNED_SHA256. Now: {digests}"
     )
+
+
+@pytest.mark.parametrize("cls", [LSTM, GRU], ids=["LSTM", "GRU"])
+def test_one_cell_tracked_and_generic_loop(cls):
+    """Behavioural guard for the cell swap (it drops the stock cell from the tracked sublayers):
+    one cell, ours, and stock's weight count; `use_cudnn` is the public switch, False."""
+    layer = cls(UNITS)
+    layer.build((2, 5, 3))
+    cells = [type(sub) for sub in layer._flatten_layers(include_self=False)]
+    assert cells == [type(layer.cell)] and type(layer.cell).__module__ == "keras_amp.layers.recurrent"
+    stock = getattr(keras.layers, cls.__name__)(UNITS)
+    stock.build((2, 5, 3))
+    assert len(layer.weights) == len(stock.weights) == 3
+    assert layer.use_cudnn is False  # the stock layer then skips its cuDNN attempt

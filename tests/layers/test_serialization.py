@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from keras_amp import layers as amp_layers
-from tests.layers.conftest import np64
+from tests.layers.conftest import np64, u
 
 SEQ = (2, 6, 8)
 
@@ -113,15 +113,28 @@ def test_keras_file_round_trip(name, kind, policy_name, tmp_path):
 
 
 def test_stock_weights_load_into_ours(mixed_policy):
+    """Stock checkpoints load into ours and give stock's function: ours under the mixed policy
+    matches a float32 stock layer with the same weights to the compute dtype's precision (a
+    weight mapped to the wrong place would be off by O(1))."""
     x = _x()
     pairs = [
-        (keras.layers.LSTM(4), amp_layers.LSTM(4)),
-        (keras.layers.GRU(4), amp_layers.GRU(4)),
-        (keras.layers.MultiHeadAttention(2, 4), amp_layers.MultiHeadAttention(2, 4)),
-        (keras.layers.RMSNormalization(), amp_layers.RMSNormalization()),
+        (lambda **k: keras.layers.LSTM(4, **k), lambda: amp_layers.LSTM(4)),
+        (lambda **k: keras.layers.GRU(4, **k), lambda: amp_layers.GRU(4)),
+        (lambda **k: keras.layers.MultiHeadAttention(2, 4, **k), lambda: amp_layers.MultiHeadAttention(2, 4)),
+        (lambda **k: keras.layers.RMSNormalization(**k), lambda: amp_layers.RMSNormalization()),
     ]
-    for stock, ours in pairs:
+    rng = np.random.default_rng(1)
+    for make_stock, make_ours in pairs:
+        stock, ours = make_stock(dtype="float32"), make_ours()
         _apply(stock, x)
         _apply(ours, x)
         assert [w.path.split("/")[-1] for w in stock.weights] == [w.path.split("/")[-1] for w in ours.weights]
+        # Random weights (not the initialisers' ones and zeros) so a swapped weight shows.
+        stock.set_weights([rng.standard_normal(w.shape).astype("float32") * 0.3 for w in stock.get_weights()])
         ours.set_weights(stock.get_weights())
+        expected = np64(_apply(stock, x))
+        got = np64(_apply(ours, x))
+        scale = max(1.0, np.abs(expected).max())
+        # Inputs and matmuls in the compute dtype: measured <= 1.1 u * scale (LSTM, MHA); a 10%
+        # change of one kernel moves the output by >= 0.028, above this bound for both dtypes.
+        np.testing.assert_allclose(got, expected, atol=4 * u(mixed_policy) * scale)

@@ -10,8 +10,7 @@ import common
 import keras
 
 import keras_amp
-import keras_amp.optimizers  # noqa: F401
-import keras_amp.distribute  # noqa: F401  (until keras_amp/__init__ re-exports it)
+from keras_amp.distribute import local_cluster
 
 policy, optimizer_kind = sys.argv[1], sys.argv[2]
 
@@ -24,7 +23,7 @@ class SkippedSteps(keras.callbacks.Callback):
         self.steps, self._seen, self._step = [], 0, 0
 
     def on_train_batch_end(self, batch, logs=None):
-        count = getattr(self.model.optimizer, "_overflow_count", None)
+        count = getattr(self.model.optimizer, "overflow_count", None)
         if count is not None and int(count.numpy()) > self._seen:
             self._seen = int(count.numpy())
             self.steps.append(self._step)
@@ -41,7 +40,7 @@ def make_optimizer():
 
 
 def main():
-    keras_amp.distribute.configure_logical_cpus(2)
+    local_cluster.configure_logical_cpus(2)
     keras_amp.enable(policy)
     strategy = keras_amp.distribute.mirrored(["/cpu:0", "/cpu:1"])
     with strategy.scope():

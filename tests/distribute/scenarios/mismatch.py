@@ -1,7 +1,9 @@
 """2 workers; worker 1 differs from worker 0 in one precision setting. Every worker must fail fast.
 
 argv: field timeout
-  field: "policy" | "tf32" (differ at strategy creation) | "tier" | "layer_policies" (differ at fit)
+  field: "policy" | "tf32" (differ at strategy creation, checked by multi_worker());
+         "tier" (differs at fit: VerifyPrecision.on_train_begin);
+         "layer_policies" (differs at evaluate: VerifyPrecision.on_test_begin)
 """
 
 import sys
@@ -11,8 +13,6 @@ import common
 import keras
 
 import keras_amp
-import keras_amp.distribute  # noqa: F401
-import keras_amp.optimizers  # noqa: F401
 
 field, timeout = sys.argv[1], float(sys.argv[2])
 
@@ -26,7 +26,7 @@ def main():
     stage = "multi_worker"
     try:
         strategy = keras_amp.distribute.multi_worker(timeout_seconds=timeout)
-        stage = "fit"
+        stage = "evaluate" if field == "layer_policies" else "fit"
         with strategy.scope():
             model = common.build_model()
             if field == "layer_policies" and odd:
@@ -36,7 +36,11 @@ def main():
             model.compile(optimizer=optimizer, loss="mse")
         x, y = common.data()
         start = time.monotonic()
-        model.fit(common.dataset(x, y), epochs=1, verbose=0)
+        check = [keras_amp.distribute.VerifyPrecision()]
+        if stage == "evaluate":
+            model.evaluate(common.dataset(x, y), verbose=0, callbacks=check)
+        else:
+            model.fit(common.dataset(x, y), epochs=1, verbose=0, callbacks=check)
     except keras_amp.distribute.FingerprintMismatchError as e:
         common.emit(worker=worker, stage=stage, fields=e.fields, message=str(e), seconds=time.monotonic() - start)
         return

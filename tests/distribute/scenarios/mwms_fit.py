@@ -1,7 +1,8 @@
 """MultiWorkerMirroredStrategy fit on 2 workers: stock Keras 3.15 vs keras_amp's fit fix.
 
 argv: policy fix timeout
-  fix: "none" (stock Keras), "build" (only the _maybe_symbolic_build half), "full" (keras_amp.distribute.multi_worker)
+  fix: "none" (stock Keras), "build" (only the _maybe_symbolic_build half),
+       "full" (keras_amp.distribute.multi_worker, and VerifyPrecision at fit start)
 """
 
 import sys
@@ -33,7 +34,9 @@ def main():
     x, y = common.data()
     model.build((None, common.FEATURES))
     initial = model.get_weights()
-    history = model.fit(common.dataset(x, y), epochs=2, verbose=0)
+    # With the fix, also the precision check at fit start, where it passes (both workers agree).
+    check = [keras_amp.distribute.VerifyPrecision()] if fix == "full" else []
+    history = model.fit(common.dataset(x, y), epochs=2, verbose=0, callbacks=check)
     digest, total, finite = common.weights_digest(model)
     common.emit(
         worker=common.task_index(),
@@ -46,6 +49,7 @@ def main():
         variable_dtype=model.layers[0].variable_dtype,
         iterations=int(model.optimizer.iterations.numpy()),
         fix_installed=trainer_fix.fit_fix_installed(),
+        verified_fields=sorted(check[0].fields) if check else [],
         ref_max_abs_diff=common.max_abs_diff(
             model.get_weights(), common.sgd_reference(initial, x, y, lr=0.05, epochs=2)
         ),

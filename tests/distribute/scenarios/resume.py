@@ -15,8 +15,6 @@ import common
 import keras
 
 import keras_amp
-import keras_amp.distribute  # noqa: F401
-import keras_amp.optimizers  # noqa: F401
 
 mode, backup_root, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
 EPOCHS = 3

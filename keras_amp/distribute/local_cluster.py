@@ -1,8 +1,22 @@
-"""Local multi-worker launcher: N Python processes on 127.0.0.1, each with its own TF_CONFIG.
+"""A local-cluster tool: run multi-worker TensorFlow code on one machine, without a scheduler.
 
-Used by the distributed tests and the multi-worker example. Every worker's stdout/stderr goes to
-a file (a full pipe would block a worker mid-collective and look like a deadlock), every wait is
-bounded, and leaving the `with` block kills whatever is still running.
+Two ways to try `tf.distribute` code where there is no cluster and no GPU:
+
+- `configure_logical_cpus(n)`: split the CPU into `n` logical devices, so `mirrored()` has
+  `n` replicas in one process;
+- `LocalCluster` / `launch()`: start N Python processes on 127.0.0.1, each with its own
+  TF_CONFIG, forming one `MultiWorkerMirroredStrategy` cluster.
+
+This is a development and testing tool (keras_amp's distributed tests and
+`examples/multi_worker.py` use it), not a way to run production jobs: on a real cluster the
+scheduler starts the workers and sets TF_CONFIG. Every worker's stdout/stderr goes to a file (a
+full pipe would block a worker mid-collective and look like a deadlock), every wait is bounded,
+and leaving the `with` block kills whatever is still running.
+
+Example:
+    >>> from keras_amp.distribute import local_cluster
+    >>> results = local_cluster.launch([sys.executable, "train.py"], 2, timeout=600)
+    >>> assert all(r.ok for r in results), [r.tail() for r in results]
 """
 
 from __future__ import annotations
@@ -21,7 +35,37 @@ from typing import Mapping, Sequence
 
 from absl import logging
 
+from keras_amp import validation
+
 HOST = "127.0.0.1"
+# More local processes than this is a mistake, not a cluster; the bound also keeps `free_ports`
+# below the usual open-file limit (it holds every socket open at once to make the ports distinct).
+MAX_LOCAL_WORKERS = 256
+
+
+def configure_logical_cpus(count: int) -> list:
+    """Splits the first CPU into `count` logical devices, e.g. to try MirroredStrategy without GPUs.
+
+    Must run before TensorFlow initialises its devices (before any op or strategy is created).
+
+    Args:
+        count: Int. Number of logical CPU devices, 1 to 256.
+
+    Returns:
+        The logical CPU devices (`tf.config.LogicalDevice`).
+    """
+    import tensorflow as tf  # only here: launching workers must not pay for importing TensorFlow
+
+    count = validation.check_int("count", count, min_value=1, max_value=MAX_LOCAL_WORKERS)
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+    except RuntimeError as e:
+        raise RuntimeError(
+            "configure_logical_cpus() must be called before TensorFlow initialises its devices "
+            f"(before creating any tensor or strategy). Received: count={count}; TensorFlow said: {e}"
+        ) from e
+    return tf.config.list_logical_devices("CPU")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,9 +97,8 @@ class WorkerResult:
 
 
 def free_ports(count: int) -> list[int]:
-    """`count` distinct TCP ports on 127.0.0.1 that were free a moment ago."""
-    if not isinstance(count, int) or count < 1:
-        raise ValueError(f"`count` must be a positive int. Received: count={count!r}")
+    """`count` (1 to 256) distinct TCP ports on 127.0.0.1 that were free a moment ago."""
+    count = validation.check_int("count", count, min_value=1, max_value=MAX_LOCAL_WORKERS)
     with contextlib.ExitStack() as stack:
         socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
         for s in socks:
@@ -63,11 +106,55 @@ def free_ports(count: int) -> list[int]:
         return [s.getsockname()[1] for s in socks]
 
 
+def _check_ports(ports) -> list[int]:
+    validation.check_type("ports", ports, (list, tuple), "a list of port numbers")
+    if not ports:
+        raise ValueError("`ports` must name at least one port. Received: ports=[]")
+    return [validation.check_int("ports", p, min_value=1, max_value=65535) for p in ports]
+
+
 def tf_config(ports: Sequence[int], index: int, *, host: str = HOST) -> dict:
     """The TF_CONFIG dict of worker `index` in a cluster of workers on `host:ports`."""
-    if not 0 <= index < len(ports):
-        raise ValueError(f"`index` must be in [0, {len(ports)}). Received: index={index}")
+    ports = _check_ports(ports)
+    index = validation.check_int("index", index, min_value=0, max_value=len(ports) - 1)
+    validation.check_type("host", host, str, "a host name or address string")
     return {"cluster": {"worker": [f"{host}:{p}" for p in ports]}, "task": {"type": "worker", "index": index}}
+
+
+def _check_argv(argv) -> list[str]:
+    if isinstance(argv, (str, bytes)) or not isinstance(argv, Sequence):
+        raise TypeError(
+            "`argv` must be a list of strings (the command and its arguments). "
+            f"Received: argv={argv!r} of type {type(argv).__name__}"
+        )
+    if not argv:
+        raise ValueError("`argv` must hold at least the program to run. Received: argv=[]")
+    for item in argv:
+        validation.check_type("argv", item, str, "a list of strings")
+    return list(argv)
+
+
+def _check_env(name: str, env) -> dict[str, str]:
+    if env is None:
+        return {}
+    validation.check_type(name, env, Mapping, "a mapping of str to str or None")
+    for key, value in env.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(
+                f"`{name}` must map strings to strings. Received: {name}[{key!r}]={value!r} "
+                f"of type {type(value).__name__}"
+            )
+    return dict(env)
+
+
+def _check_worker_env(worker_env, num_workers: int) -> dict[int, dict[str, str]]:
+    if worker_env is None:
+        return {}
+    validation.check_type("worker_env", worker_env, Mapping, "a mapping of worker index to environment, or None")
+    return {
+        validation.check_int("worker_env", k, min_value=0, max_value=num_workers - 1): _check_env(f"worker_env[{k}]", v)
+        for k, v in worker_env.items()
+    }
 
 
 class LocalCluster:
@@ -96,13 +183,13 @@ class LocalCluster:
         worker_env: Mapping[int, Mapping[str, str]] | None = None,
         log_dir: str | None = None,
     ):
-        if not isinstance(num_workers, int) or num_workers < 1:
-            raise ValueError(f"`num_workers` must be a positive int. Received: num_workers={num_workers!r}")
-        self.argv = list(argv)
-        self.num_workers = num_workers
-        self.ports = free_ports(num_workers)
-        self._env = dict(env or {})
-        self._worker_env = {int(k): dict(v) for k, v in (worker_env or {}).items()}
+        self.argv = _check_argv(argv)
+        self.num_workers = validation.check_int("num_workers", num_workers, min_value=1, max_value=MAX_LOCAL_WORKERS)
+        self._env = _check_env("env", env)
+        self._worker_env = _check_worker_env(worker_env, self.num_workers)
+        if log_dir is not None:
+            validation.check_type("log_dir", log_dir, (str, os.PathLike), "a folder path or None")
+        self.ports = free_ports(self.num_workers)
         self._tmp = None if log_dir else tempfile.TemporaryDirectory(prefix="keras_amp_cluster_")
         self.log_dir = log_dir or self._tmp.name
         self._procs: dict[int, subprocess.Popen] = {}
@@ -116,6 +203,8 @@ class LocalCluster:
 
     def start_worker(self, index: int, *, env: Mapping[str, str] | None = None) -> None:
         """Starts (or restarts, after `kill`) worker `index`; `env` adds to its environment."""
+        index = validation.check_int("index", index, min_value=0, max_value=self.num_workers - 1)
+        env = _check_env("env", env)
         if index in self._procs and self._procs[index].poll() is None:
             raise ValueError(f"Worker {index} is still running; kill it before restarting it.")
         self._starts[index] = self._starts.get(index, -1) + 1
@@ -123,7 +212,7 @@ class LocalCluster:
         full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
         full_env.update(self._env)
         full_env.update(self._worker_env.get(index, {}))
-        full_env.update(env or {})
+        full_env.update(env)
         full_env["TF_CONFIG"] = json.dumps(tf_config(self.ports, index))
         out_path, err_path = self._paths(index)
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
@@ -131,7 +220,13 @@ class LocalCluster:
             self._procs[index] = subprocess.Popen(
                 self.argv, stdout=out, stderr=err, env=full_env, start_new_session=True
             )
-        logging.info("keras_amp launcher: worker %d pid %d (%s)", index, self._procs[index].pid, out_path)
+        logging.info("keras_amp.distribute.local_cluster: worker %d pid %d (%s)", index, self._procs[index].pid, out_path)
+
+    def _proc(self, index: int) -> subprocess.Popen:
+        index = validation.check_int("index", index, min_value=0, max_value=self.num_workers - 1)
+        if index not in self._procs:
+            raise ValueError(f"Worker {index} was never started; call start() first. Received: index={index}")
+        return self._procs[index]
 
     def start(self) -> "LocalCluster":
         """Starts every worker."""
@@ -140,33 +235,37 @@ class LocalCluster:
         return self
 
     def pid(self, index: int) -> int:
-        return self._procs[index].pid
+        """Process id of worker `index`."""
+        return self._proc(index).pid
 
     def output(self, index: int) -> str:
         """What worker `index` has written to stdout so far (current run)."""
+        self._proc(index)
         with open(self._paths(index)[0], "rb") as f:
             return f.read().decode("utf-8", "replace")
 
     def wait_for_output(self, index: int, text: str, *, timeout: float) -> bool:
         """Polls until worker `index` prints `text`; False if it exits or `timeout` passes first."""
+        timeout = validation.check_float("timeout", timeout, min_value=0)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if text in self.output(index):
                 return True
-            if self._procs[index].poll() is not None:
+            if self._proc(index).poll() is not None:
                 return text in self.output(index)
             time.sleep(0.05)
         return False
 
     def kill(self, index: int, sig: int = signal.SIGKILL) -> None:
         """Sends `sig` (SIGKILL by default) to worker `index` and reaps it."""
-        proc = self._procs[index]
+        proc = self._proc(index)
         if proc.poll() is None:
             os.kill(proc.pid, sig)
             proc.wait(timeout=30)
 
     def wait(self, timeout: float) -> list[WorkerResult]:
         """Waits for every worker; kills those still running after `timeout` seconds."""
+        timeout = validation.check_float("timeout", timeout, min_value=0)
         deadline = time.monotonic() + timeout
         for index, proc in sorted(self._procs.items()):
             try:
@@ -177,7 +276,8 @@ class LocalCluster:
         return [self.result(i) for i in sorted(self._procs)]
 
     def result(self, index: int) -> WorkerResult:
-        proc = self._procs[index]
+        """How worker `index` ended (after `wait` or `kill`)."""
+        proc = self._proc(index)
         if proc.poll() is None:
             raise ValueError(f"Worker {index} is still running; call wait() first.")
         out_path, err_path = self._paths(index)
@@ -226,8 +326,7 @@ def launch(
     Returns:
         A list of `WorkerResult`, by worker index.
     """
-    if timeout is None or timeout <= 0:
-        raise ValueError(f"`timeout` must be a positive number of seconds. Received: timeout={timeout!r}")
+    timeout = validation.check_float("timeout", timeout, min_value=0, min_inclusive=False)
     with LocalCluster(argv, num_workers, env=env, worker_env=worker_env) as cluster:
         return cluster.wait(timeout)
 

@@ -1,24 +1,21 @@
 """Scenario: an overflow on one replica only, under MirroredStrategy on two logical CPUs.
 
-Run as a subprocess (logical devices are fixed when TensorFlow initialises); prints one JSON
-object. For each optimizer ("stock" Keras, "ours") and each poisoned replica (1, then 0): one
-clean step, then one step where only that replica's half of the global batch holds inf.
-tests/test_loss_scale_mirrored.py asserts on the output.
+argv: [optimizer ...] ("stock" Keras, "ours"; default both)
+For each optimizer and each poisoned replica (1, then 0): one clean step, then one step where
+only that replica's half of the global batch holds inf. Prints one RESULT line;
+tests/distribute/test_loss_scale_mirrored.py asserts on it.
 """
 
-import json
-import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import common
+from keras_amp.distribute import local_cluster
 
-import tensorflow as tf  # noqa: E402
-
-_cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+local_cluster.configure_logical_cpus(2)  # before TensorFlow initialises its devices
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 from keras_amp.optimizers import LossScaleOptimizer  # noqa: E402
 
@@ -105,8 +102,7 @@ def main():
     for name in only:
         for poisoned in (1, 0):
             out[f"{name}_replica{poisoned}"] = _run(strategy, makers[name], poisoned)
-    print("RESULT " + json.dumps(out))
+    common.emit(**out)
 
 
-if __name__ == "__main__":
-    main()
+common.run(main)

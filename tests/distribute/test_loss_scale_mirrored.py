@@ -1,26 +1,16 @@
-"""Replica consistency under MirroredStrategy (two logical CPUs, run as a subprocess)."""
-
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+"""Replica consistency of keras_amp's LossScaleOptimizer under MirroredStrategy (2 logical CPUs)."""
 
 import pytest
 
-pytestmark = pytest.mark.distributed
+from tests.distribute.harness import single
 
-SCRIPT = Path(__file__).parent / "scenarios" / "mirrored_overflow.py"
+pytestmark = pytest.mark.distributed
 
 
 @pytest.fixture(scope="module")
 def result():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True,
-                          timeout=240, env=env, cwd=str(SCRIPT.parents[2]))
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = single("mirrored_overflow")
+    assert "error" not in out, out.get("traceback")
     assert out["num_replicas"] == 2
     return out
 

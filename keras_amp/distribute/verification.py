@@ -1,4 +1,7 @@
-"""`verify(strategy)`: every replica and worker runs the same precision settings, or all of them fail.
+"""Cross-worker verification: every replica and worker runs the same precision settings, or all fail.
+
+`verify(strategy)` checks once, where it is called; `VerifyPrecision` is a Keras callback that
+checks at the start of every `fit()` and `evaluate()`, when the model and optimizer are built.
 
 The fields come from `AmpConfig.fingerprint_fields()` (policy, per-layer policies, loss-scale
 config, TF32, TF/Keras versions), the single definition of "settings that must match". Each field
@@ -18,6 +21,7 @@ import tensorflow as tf
 from absl import logging
 
 from keras_amp import policy as amp_policy
+from keras_amp import validation
 
 _MAX_SHOWN = 160  # characters of a differing value shown per worker (layer_policies can be long)
 
@@ -52,6 +56,13 @@ def current_config() -> amp_policy.AmpConfig:
         requested="keras global policy",
         reason="keras_amp.enable() not called",
     )
+
+
+def check_timeout_seconds(timeout_seconds: Any) -> float | None:
+    """`timeout_seconds` as a float > 0, or None (wait forever)."""
+    if timeout_seconds is None:
+        return None
+    return validation.check_float("timeout_seconds", timeout_seconds, min_value=0, min_inclusive=False)
 
 
 def _hash64(text: str) -> int:
@@ -132,12 +143,18 @@ def verify(
     Example:
         >>> keras_amp.enable("mixed_bfloat16")
         >>> strategy = keras_amp.distribute.multi_worker(timeout_seconds=300)  # verifies already
+        >>> with strategy.scope():
+        ...     model = build_model()
+        ...     model.compile(optimizer=keras_amp.wrap(keras.optimizers.Adam()), loss="mse")
+        >>> model.build((None, 8))
         >>> keras_amp.distribute.verify(strategy, model=model, optimizer=model.optimizer)
     """
-    if not isinstance(strategy, tf.distribute.Strategy):
-        raise TypeError(f"`strategy` must be a tf.distribute.Strategy. Received: strategy={strategy!r}")
-    if timeout_seconds is not None and timeout_seconds <= 0:
-        raise ValueError(f"`timeout_seconds` must be None or > 0. Received: timeout_seconds={timeout_seconds!r}")
+    validation.check_type("strategy", strategy, tf.distribute.Strategy, "a tf.distribute.Strategy")
+    if model is not None:
+        validation.check_type("model", model, keras.layers.Layer, "a Keras model (or layer) or None")
+    if optimizer is not None:
+        validation.check_type("optimizer", optimizer, keras.optimizers.Optimizer, "a Keras optimizer or None")
+    timeout_seconds = check_timeout_seconds(timeout_seconds)
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout_seconds)
     fields = current_config().fingerprint_fields(model=model, optimizer=optimizer)
     names = sorted(fields)
@@ -204,3 +221,52 @@ def _message(strategy, differ: list[str], values: dict[str, list[str]]) -> str:
         "settings (enable() before building the model)."
     )
     return "\n".join(lines)
+
+
+class VerifyPrecision(keras.callbacks.Callback):
+    """Verifies, as `fit()` and `evaluate()` start, that every worker runs the same precision settings.
+
+    Runs `verify()` on the model's distribute strategy with the model (per-layer dtype policies)
+    and its optimizer (loss-scale configuration): a worker that built a layer with another policy
+    or chose another loss-scale tier makes every worker raise `FingerprintMismatchError` naming
+    the field, before the first step. Under a strategy Keras builds the model and the optimizer
+    before it calls `on_train_begin` / `on_test_begin`, so layers created in `build()` are
+    compared too. It checks again at each validation run inside `fit()` (two small collectives),
+    which also catches a policy changed by another callback during training.
+
+    Pass it to `fit()`/`evaluate()` on every worker: it runs collectives, and callbacks run in
+    the same order everywhere. With one replica it compares nothing and costs nothing.
+
+    Args:
+        timeout_seconds: Float or None. Collective timeout of the check; None (default) uses the
+            strategy's communication options.
+
+    Attributes:
+        fields: Dict or None. The fingerprint fields of the last successful check.
+
+    Example:
+        >>> strategy = keras_amp.distribute.multi_worker(timeout_seconds=600)
+        >>> with strategy.scope():
+        ...     model = build_model()
+        ...     model.compile(optimizer=keras_amp.wrap(keras.optimizers.Adam()), loss="mse")
+        >>> model.fit(dataset, epochs=3, callbacks=[keras_amp.distribute.VerifyPrecision()])
+    """
+
+    def __init__(self, timeout_seconds: float | None = None):
+        super().__init__()
+        self.timeout_seconds = check_timeout_seconds(timeout_seconds)
+        self.fields = None
+
+    def _verify(self) -> None:
+        self.fields = verify(
+            self.model.distribute_strategy,
+            model=self.model,
+            optimizer=getattr(self.model, "optimizer", None),
+            timeout_seconds=self.timeout_seconds,
+        )
+
+    def on_train_begin(self, logs=None):
+        self._verify()
+
+    def on_test_begin(self, logs=None):
+        self._verify()

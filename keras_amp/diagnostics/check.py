@@ -1,19 +1,24 @@
-"""`check_model()`: a static report of a model's mixed-precision hazards, each with its fix.
+"""`check_model()`: a report of a model's mixed-precision hazards, each with its fix.
 
 Findings are data (`Finding(kind, layer, message, fix)`) so diagnostics can build on them; the
-report's `str()` is for people. Nothing is run: the check reads layer classes, dtype policies,
-variables, output specs and the compiled optimizer/loss.
+report's `str()` is for people. Without a batch nothing is run: the check reads layer classes,
+dtype policies, variables, output specs and the compiled optimizer/loss, and knows which op rules
+(`keras_amp.op_rules`) are in force. With a batch `x` it also runs the dynamic op audit
+(`keras_amp.diagnostics.audit_model`), which sees inside any layer, and reports every sensitive
+op that ran in 16 bits ("low_precision_op"). A report only: it warns about nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import keras
 
-from keras_amp import layers as amp_layers
+from keras_amp import model_graph, op_rules
 from keras_amp import policy as amp_policy
-from keras_amp import recipes
+from keras_amp import validation
+from keras_amp.diagnostics import audit
 
 LOW_PRECISION = ("float16", "bfloat16")
 # Finding kinds, in the order the report lists them.
@@ -24,6 +29,7 @@ KINDS = (
     "low_precision_exp",
     "low_precision_loss",
     "low_precision_recurrence",
+    "low_precision_op",
     "output_not_float32",
     "low_precision_variables",
     "no_loss_scaling",
@@ -35,19 +41,6 @@ KINDS = (
 # inf under mixed_float16: they are flagged. Both facts guarded in test_keras_guards_recipes.py.
 _FLOAT32_INSIDE_NORMS = (keras.layers.LayerNormalization, keras.layers.GroupNormalization)
 _INPUT_AUTOCAST_NORMS = (keras.layers.BatchNormalization, keras.layers.RMSNormalization)
-# keras_amp's float32-island layers: correct by construction under any policy, not descended into.
-_ISLANDS = (
-    amp_layers.Softmax,
-    amp_layers.LayerNormalization,
-    amp_layers.BatchNormalization,
-    amp_layers.GroupNormalization,
-    amp_layers.RMSNormalization,
-    amp_layers.MultiHeadAttention,
-    amp_layers.LSTM,
-    amp_layers.GRU,
-    amp_layers.Float32,
-    amp_layers.OutputHead,
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +48,7 @@ class Finding:
     """One hazard.
 
     Args:
-        kind: String. One of `keras_amp.check.KINDS`.
+        kind: String. One of `keras_amp.diagnostics.KINDS`.
         layer: String. Path of the layer concerned ("block/conv"), or the model name for
             model-wide findings.
         message: String. What is wrong and why it matters.
@@ -100,30 +93,14 @@ class ModelReport:
         return "\n".join(lines)
 
 
-def _children(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
-    # Keras 3.15 API (also used by summary()); guarded in tests/test_keras_guards_recipes.py.
-    return list(layer._flatten_layers(include_self=False, recursive=False))
+def _descends(layer) -> bool:
+    """Whether the walk visits `layer`'s children (not for islands, recurrent or attention layers)."""
+    return not (model_graph.is_island(layer) or isinstance(layer, (keras.layers.RNN, keras.layers.MultiHeadAttention)))
 
 
-def _descends(layer, islands: tuple[type, ...]) -> bool:
-    """Whether `_walk` visits `layer`'s children (not for islands, recurrent or attention layers)."""
-    return not isinstance(layer, islands + (keras.layers.RNN, keras.layers.MultiHeadAttention))
-
-
-def _walk(layer, prefix: str, islands: tuple[type, ...], out: list) -> None:
-    """(path, layer) pairs; float32 islands and recurrent/attention layers are not descended into."""
-    for child in _children(layer):
-        if isinstance(child, keras.layers.InputLayer):
-            continue
-        path = f"{prefix}{child.name}"
-        out.append((path, child))
-        if _descends(child, islands):
-            _walk(child, f"{path}/", islands, out)
-
-
-def _op_finding(path: str, layer, islands: tuple[type, ...]) -> Finding | None:
+def _op_finding(path: str, layer) -> Finding | None:
     dtype = layer.compute_dtype
-    if dtype not in LOW_PRECISION or isinstance(layer, islands):
+    if dtype not in LOW_PRECISION or model_graph.is_island(layer):
         return None
     name = type(layer).__name__
     float32_fix = (
@@ -131,11 +108,18 @@ def _op_finding(path: str, layer, islands: tuple[type, ...]) -> Finding | None:
         f"apply_recipe(..., rules={{{layer.name!r}: 'float32'}})"
     )
     if isinstance(layer, keras.layers.MultiHeadAttention):
+        # The op rule computes the scores in float32 for this class and every subclass that keeps
+        # the stock `_compute_attention` (flash attention is left to stock).
+        stock_method = type(layer)._compute_attention is keras.layers.MultiHeadAttention._compute_attention
+        if stock_method and not getattr(layer, "_flash_attention", False) and op_rules.rule_installed(op_rules.ATTENTION_OP):
+            return None
         return Finding(
             "low_precision_softmax", path,
             f"{name} computes QK^T logits in {dtype}, and its softmax too when dropout > 0 "
             f"(here {layer.dropout}) or attention scores are returned",
-            "use keras_amp.layers.MultiHeadAttention (apply_recipe(model, 'transformer') swaps it in)",
+            "keras_amp.enable() (its op rules compute the scores of keras.layers.MultiHeadAttention and of "
+            "subclasses that keep its _compute_attention in float32; not with flash_attention=True), or "
+            "keras_amp.layers.MultiHeadAttention",
         )
     if isinstance(layer, keras.layers.RNN):
         return Finding(
@@ -143,7 +127,9 @@ def _op_finding(path: str, layer, islands: tuple[type, ...]) -> Finding | None:
             f"{name} computes its gates and carries its state in {dtype}; the state rounds at every step",
             "use keras_amp.layers.LSTM / GRU (apply_recipe(model, 'rnn') swaps them in), or dtype='float32'",
         )
-    kind = recipes.op_kind(layer)
+    kind = model_graph.op_kind(layer)
+    if kind == "softmax" and op_rules.rule_installed("softmax") and op_rules.rule_installed("log_softmax"):
+        return None  # keras.ops.softmax / log_softmax compute in float32 while the op rules are in force
     if kind == "softmax":
         return Finding("low_precision_softmax", path, f"{name} computes a softmax in {dtype}", float32_fix)
     if kind == "exp" and dtype == "float16":  # bfloat16 has float32's range: exp does not overflow.
@@ -185,7 +171,7 @@ def _dims(layer) -> dict[str, int]:
     elif isinstance(layer, keras.layers.MultiHeadAttention):
         dims["key_dim"] = layer.key_dim
         dims["value_dim"] = layer.value_dim
-    elif isinstance(layer, recipes.CONV_LAYERS) and hasattr(layer, "filters"):
+    elif isinstance(layer, model_graph.CONV_LAYERS) and hasattr(layer, "filters"):
         dims["filters"] = layer.filters
         if not layer.built or isinstance(layer, _DEPTHWISE):
             pass
@@ -219,29 +205,32 @@ def _dimension_findings(path: str, layer) -> list[Finding]:
     )]
 
 
-def check_model(model: keras.Model) -> ModelReport:
+def check_model(model: keras.Model, x: Any = None, *, training: bool = False) -> ModelReport:
     """Checks `model` for mixed-precision hazards; returns a `ModelReport` of `Finding`s.
 
     Kinds (see `KINDS`): softmax / normalisation / exp / loss / recurrence computed in 16 bits;
-    a model output that is not float32; float16 or bfloat16 variables; a float16 model compiled
-    without a `LossScaleOptimizer`; Dense/Conv/Embedding/attention dimensions not divisible by 8
-    in 16-bit layers. Keras's built-in normalisation layers, which upcast internally, and
-    keras_amp's float32-island layers are not flagged.
+    with a batch `x`, every sensitive op that ran in 16 bits, by layer path and op kind (the
+    dynamic audit); a model output that is not float32; float16 or bfloat16 variables; a float16
+    model compiled without a `LossScaleOptimizer`; Dense/Conv/Embedding/attention dimensions not
+    divisible by 8 in 16-bit layers; a model built before `enable()`. Keras's built-in
+    normalisation layers, which upcast internally, keras_amp's float32-island layers, and
+    softmax/attention layers that the op rules in force compute in float32 are not flagged.
 
     Args:
         model: A `keras.Model` (Sequential, functional or subclassed; build it first so its
             variables and outputs are known).
+        x: None (default) or one batch of the model's input (array, or the dict/list the model
+            takes). Given, the model runs it forward and backward once (`audit_model`).
+        training: Bool, default False. The `training` flag of that run.
 
     Example:
-        >>> report = keras_amp.check_model(model)
+        >>> report = keras_amp.check_model(model, x)
         >>> print(report)                       # one line per finding, with its fix
-        >>> [f.layer for f in report.of_kind("output_not_float32")]
+        >>> [f.layer for f in report.of_kind("low_precision_op")]
     """
-    if not isinstance(model, keras.Model):
-        raise TypeError(f"`model` must be a keras.Model. Received: model of type {type(model).__name__}")
-    islands = _ISLANDS
-    layers: list = []
-    _walk(model, "", islands, layers)
+    validation.check_type("model", model, keras.Model, "a keras.Model")
+    validation.check_bool("training", training)
+    layers = list(model_graph.walk(model, into=_descends))
     found: list[Finding] = []
     # A wrapper's op finding already covers its inner layer (op_kind looks inside wrappers):
     # TimeDistributed(Dense(activation="softmax")) is one softmax, not two.
@@ -249,7 +238,7 @@ def check_model(model: keras.Model) -> ModelReport:
     for path, layer in layers:
         finding = None
         if not any(path.startswith(f"{c}/") for c in covered):
-            finding = _op_finding(path, layer, islands)
+            finding = _op_finding(path, layer)
         if finding:
             found.append(finding)
             if isinstance(layer, keras.layers.Wrapper):
@@ -257,7 +246,9 @@ def check_model(model: keras.Model) -> ModelReport:
         found.extend(_dimension_findings(path, layer))
     found.extend(_loss_findings(model))
     found.extend(_output_findings(model))
-    found.extend(_variable_findings(layers, islands))
+    if x is not None:
+        found.extend(_audit_findings(model, audit.audit_model(model, x, training=training)))
+    found.extend(_variable_findings(layers))
     found.extend(_scaling_findings(model, layers))
     found.extend(_stale_findings(model))
     order = {kind: i for i, kind in enumerate(KINDS)}
@@ -265,9 +256,40 @@ def check_model(model: keras.Model) -> ModelReport:
     return ModelReport(model=model.name, findings=findings)
 
 
+_AUDIT_FIX = {
+    "attention": (
+        "keras_amp.enable() computes keras.layers.MultiHeadAttention scores (and its subclasses') in "
+        "float32; a layer with its own QK^T: use keras_amp.layers.MultiHeadAttention or compute it in float32"
+    ),
+}
+_AUDIT_FIX_DEFAULT = (
+    "compute this layer in float32 (dtype='float32', keras_amp.layers.Float32(...), or apply_recipe(..., "
+    "rules={{{path!r}: 'float32'}})); under keras_amp.enable() the op rules cover keras.ops calls, "
+    "not raw tf.* calls"
+)
+
+
+def _audit_findings(model, report: audit.AuditReport) -> list[Finding]:
+    """One "low_precision_op" finding per (layer path, op kind), naming the ops, dtypes and passes."""
+    groups: dict[tuple[str, str], list[audit.OpRecord]] = {}
+    for record in report.low_precision():
+        groups.setdefault((record.layer_path, record.category), []).append(record)
+    findings = []
+    for (path, category), records in groups.items():
+        ops = ", ".join(sorted({r.op_type for r in records}))
+        dtypes = "/".join(sorted({r.dtype for r in records}))
+        phases = " and ".join(p for p in audit.PHASES if any(r.phase == p for r in records))
+        findings.append(Finding(
+            "low_precision_op", path or model.name,
+            f"{category} op(s) {ops} ran in {dtypes} in the {phases} pass",
+            _AUDIT_FIX.get(category, _AUDIT_FIX_DEFAULT.format(path=path or model.name)),
+        ))
+    return findings
+
+
 def _stale_findings(model) -> list[Finding]:
     config = amp_policy.config()
-    if not amp_policy.warn_if_built_before_enable(model, caller="check_model"):
+    if not model_graph.is_stale(model):
         return []
     return [Finding(
         "built_before_enable", model.name,
@@ -295,23 +317,28 @@ def _output_findings(model) -> list[Finding]:
         outputs = keras.tree.flatten(model.outputs)
     except (AttributeError, ValueError):  # subclassed or unbuilt: output dtypes unknown statically
         return []
-    return [
-        Finding(
-            "output_not_float32", t._keras_history.operation.name,
-            f"model output {i} is {t.dtype}: the loss and metrics see {t.dtype}-rounded values",
-            "make the last layer float32 (keras_amp.layers.OutputHead, dtype='float32', or apply_recipe)",
-        )
-        for i, t in enumerate(outputs)
-        if keras.backend.is_float_dtype(t.dtype) and t.dtype != "float32"
-    ]
+    findings = []
+    for i, t in enumerate(outputs):
+        op = t._keras_history.operation
+        # A layer's policy may have been set in place after the graph was built (apply_recipe):
+        # its compute dtype now, not the recorded symbolic one, is what the next run produces.
+        plain_layer = isinstance(op, keras.layers.Layer) and not isinstance(op, keras.Model)
+        dtype = op.compute_dtype if plain_layer and keras.backend.is_float_dtype(t.dtype) else t.dtype
+        if keras.backend.is_float_dtype(dtype) and dtype != "float32":
+            findings.append(Finding(
+                "output_not_float32", op.name,
+                f"model output {i} is {dtype}: the loss and metrics see {dtype}-rounded values",
+                "make the last layer float32 (keras_amp.layers.OutputHead, dtype='float32', or apply_recipe)",
+            ))
+    return findings
 
 
-def _variable_findings(layers, islands: tuple[type, ...]) -> list[Finding]:
+def _variable_findings(layers) -> list[Finding]:
     findings = []
     for path, layer in layers:
-        # Children's weights are reported at the children, but only for children `_walk` visits:
+        # Children's weights are reported at the children, but only for children the walk visits:
         # an MHA/RNN/island layer reports every variable it (transitively) owns.
-        children = _children(layer) if _descends(layer, islands) else []
+        children = model_graph.children(layer) if _descends(layer) else []
         inner = {id(v) for child in children for v in child.weights}
         dtypes = sorted({v.dtype for v in layer.weights if id(v) not in inner and v.dtype in LOW_PRECISION})
         for dtype in dtypes:

@@ -1,15 +1,18 @@
-"""Guards for keras_amp.distribute.trainer_fix: fail loudly when a Keras upgrade changes what it fixes."""
+"""keras_amp.distribute.trainer_fix: what it fixes still needs fixing, and it only fixes.
 
-import sys
-from pathlib import Path
+The source digests of the Keras functions it replaces or reads are also rows of the one guard
+table (tests/test_keras_guards.py); here are the checks that are the fix's own: the runtime
+install condition, install/uninstall, delegation, and that stock Keras still crashes.
+"""
 
 import keras
 import pytest
+import tensorflow as tf
+from keras.src.backend.tensorflow import trainer as tf_trainer
 
 from keras_amp.distribute import trainer_fix
-
-sys.path.insert(0, str(Path(__file__).parent / "distribute"))
-from harness import COLLECTIVE_TIMEOUT, cluster  # noqa: E402
+from keras_amp.policy import AmpWarning
+from tests.distribute.harness import COLLECTIVE_TIMEOUT, cluster
 
 
 def test_keras_is_the_version_the_fit_fix_targets():
@@ -31,8 +34,6 @@ def test_patched_keras_sources_unchanged():
 
 
 def test_install_is_idempotent_and_reversible():
-    from keras.src.backend.tensorflow import trainer as tf_trainer
-
     original = tf_trainer.reduce_per_replica
     try:
         assert trainer_fix.install_fit_fix() and trainer_fix.install_fit_fix()
@@ -44,11 +45,29 @@ def test_install_is_idempotent_and_reversible():
 
 
 def test_single_worker_paths_delegate_to_keras():
-    import tensorflow as tf
-
     strategy = tf.distribute.get_strategy()  # default strategy: not multi-worker
     values = {"loss": tf.constant(2.0)}
     assert trainer_fix.fixed_reduce_per_replica(values, strategy, "auto")["loss"].numpy() == 2.0
+
+
+def test_fix_only_fixes():
+    """No verification hides in the patched build, and nothing marks the strategy (issue 9)."""
+    import inspect
+
+    source = inspect.getsource(trainer_fix)
+    assert "verification" not in source and "verify(" not in source and "_keras_amp_" not in source
+
+
+def test_unchanged_source_check_refuses_when_a_function_changed(monkeypatch):
+    """Guard that the runtime check is real: a different digest means the fix stays out."""
+    changed = dict(trainer_fix.ORIGINAL_SOURCE_SHA256, _collective_all_reduce_multi_worker="0" * 64)
+    monkeypatch.setattr(trainer_fix, "ORIGINAL_SOURCE_SHA256", changed)
+    trainer_fix.uninstall_fit_fix()  # install_fit_fix() returns early once installed
+    needed, why = trainer_fix.fit_fix_needed()
+    assert not needed and "_collective_all_reduce_multi_worker" in why
+    with pytest.warns(AmpWarning, match="not installed"):
+        assert not trainer_fix.install_fit_fix()
+    assert tf_trainer.reduce_per_replica is not trainer_fix.fixed_reduce_per_replica
 
 
 @pytest.mark.distributed

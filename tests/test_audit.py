@@ -1,0 +1,163 @@
+"""audit_model: the dtype each sensitive op really ran in, by layer path, for any kind of model."""
+
+import keras
+import keras_hub
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_amp
+from keras_amp import op_rules
+from keras_amp.diagnostics import audit
+
+pytestmark = pytest.mark.filterwarnings("ignore:mixed_float16 requested:keras_amp.AmpWarning")
+# What the op rules promise to keep out of 16 bits (reductions are reported but not promised).
+PROMISED = {"attention", "softmax", "normalization", "exp", "loss"}
+
+
+@pytest.fixture(autouse=True)
+def stock_keras():
+    op_rules.uninstall()
+    yield
+    op_rules.uninstall()
+
+
+def bert():
+    model = keras_hub.models.BertBackbone(
+        vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=16, intermediate_dim=32, max_sequence_length=16
+    )
+    rng = np.random.RandomState(0)
+    x = {
+        "token_ids": rng.randint(0, 50, (2, 8)),
+        "padding_mask": np.ones((2, 8), "int32"),
+        "segment_ids": np.zeros((2, 8), "int32"),
+    }
+    return model, x
+
+
+class Transformer(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding = keras.layers.Embedding(50, 16)
+        self.attention = keras.layers.MultiHeadAttention(2, 8)
+        self.norm = keras.layers.LayerNormalization()
+        self.head = keras.layers.Dense(16)
+
+    def call(self, x):
+        h = self.embedding(x)
+        return self.head(self.norm(h + self.attention(h, h)))
+
+
+def subclassed():
+    return Transformer(name="transformer"), np.random.RandomState(0).randint(0, 50, (2, 8))
+
+
+def functional():
+    inp = keras.Input((8, 16))
+    a = keras.layers.MultiHeadAttention(2, 8, name="mha")(inp, inp)
+    x = keras.layers.LayerNormalization(name="ln")(inp + a)
+    return keras.Model(inp, keras.layers.Dense(4)(x)), np.random.RandomState(0).rand(2, 8, 16).astype("float32")
+
+
+def promised(report):
+    return sorted({(r.category, r.layer_path, r.op_type) for r in report.low_precision() if r.category in PROMISED})
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("build", [bert, subclassed, functional], ids=["bert", "subclassed", "functional"])
+def test_no_sensitive_op_in_16_bits_under_enable_and_stock_has_them(policy, build):
+    keras_amp.enable(policy)
+    model, x = build()
+    report = audit.audit_model(model, x)
+    # Forward and backward ops, by layer (the subclassed model is unbuilt until the audit runs it).
+    assert {r.phase for r in report.records if r.layer_path} == {"forward", "backward"}
+    assert promised(report) == [], str(report)
+    op_rules.uninstall()  # stock Keras under the same policy
+    stock_report = audit.audit_model(model, x)
+    stock = promised(stock_report)
+    compute = keras_amp.config().compute_dtype
+    assert stock and all(r.dtype == compute for r in stock_report.low_precision())
+    # Every stock model computes its attention scores (QK^T) in 16 bits.
+    assert any(kind == "attention" for kind, _, _ in stock), stock
+
+
+def test_bert_stock_findings_name_the_layers():
+    keras_amp.enable("mixed_float16")
+    op_rules.uninstall()
+    model, x = bert()
+    stock = promised(audit.audit_model(model, x))
+    assert ("attention", "transformer_layer_0/self_attention_layer", "BatchMatMulV2") in stock
+    assert any(  # the MHA's Softmax sublayer (its auto-generated name carries a counter)
+        kind == "softmax" and path.startswith("transformer_layer_0/self_attention_layer/softmax") and op == "Softmax"
+        for kind, path, op in stock
+    )
+    assert ("exp", "transformer_layer_0/feedforward_intermediate_dense", "Pow") in stock  # gelu's x**3
+
+
+class RawOps(keras.layers.Layer):
+    """A layer that calls TensorFlow directly, inside a while loop too: no op rule reaches it."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.calls = self.add_weight(shape=(), initializer="zeros", trainable=False, name="calls")
+
+    def call(self, x):
+        self.calls.assign_add(1.0)
+        y = tf.nn.log_softmax(x)
+
+        def body(i, v):
+            return i + 1, tf.nn.softmax(v)
+
+        _, z = tf.while_loop(lambda i, v: i < 2, body, (tf.constant(0), x))
+        return y + z
+
+
+def test_paths_phases_loops_and_that_the_batch_runs():
+    keras_amp.enable("mixed_float16")
+    inner = keras.Sequential([keras.layers.Dense(8, name="d"), RawOps(name="raw")], name="inner")
+    inp = keras.Input((8,))
+    model = keras.Model(inp, keras.layers.Dense(4, name="out")(inner(inp)), name="outer")
+    x = np.random.RandomState(0).rand(2, 8).astype("float32")
+    raw = inner.get_layer("raw")
+    report = audit.audit_model(model, x)
+    assert float(raw.calls.numpy()) == 1.0  # the batch really ran, once
+    low = {(r.category, r.layer_path, r.op_type, r.phase) for r in report.low_precision()}
+    assert ("softmax", "inner/raw", "LogSoftmax", "forward") in low  # raw tf.* calls are seen
+    assert any(r.op_type == "Softmax" and "/while/" in r.op_name and r.layer_path == "inner/raw"
+               for r in report.low_precision())  # inside the loop body
+    assert ("exp", "inner/raw", "Exp", "backward") in low  # LogSoftmax's gradient, float16
+    assert all(r.dtype == "float16" for r in report.low_precision())
+    text = str(report)
+    assert text.startswith("audit_model('outer'):") and "[softmax] inner/raw: LogSoftmax in float16 (forward)" in text
+    forward_only = audit.audit_model(model, x, backward=False)
+    assert {r.phase for r in forward_only.records} == {"forward"}
+
+
+def test_a_dense_head_softmax_is_not_taken_for_attention():
+    keras_amp.enable("mixed_bfloat16")
+    op_rules.uninstall()
+    inp = keras.Input((8,))
+    model = keras.Model(inp, keras.layers.Dense(4, activation="softmax", name="probs")(inp))
+    low = audit.audit_model(model, np.ones((2, 8), "float32")).low_precision()
+    assert [(r.category, r.layer_path) for r in low] == [("softmax", "probs")]
+
+
+def test_layer_path_prefers_an_exact_name_over_a_uniquified_scope():
+    model = keras.Sequential([keras.layers.Dense(2, name="dense"), keras.layers.Dense(2, name="dense_1")], name="seq")
+    model.build((None, 2))
+    assert audit.layer_path("seq/dense_1/MatMul", model) == "dense_1"
+    assert audit.layer_path("seq_3/dense_2/MatMul", model) == "dense"  # TF's "_2" on a reused scope
+    assert audit.layer_path("gradient_tape/seq/dense/MatMul/MatMul", model) == "dense"
+    assert audit.layer_path("Sum", model) == ""  # outside the model
+    assert audit.phase_of("gradient_tape/seq/dense/MatMul") == "backward"
+    assert audit.phase_of("seq/dense/MatMul") == "forward"
+
+
+def test_arguments_are_checked():
+    model, x = functional()
+    with pytest.raises(TypeError, match="`model` must be a keras.Model"):
+        audit.audit_model(keras.layers.Dense(2), x)
+    with pytest.raises(TypeError, match="`training` must be True or False"):
+        audit.audit_model(model, x, training=1)
+    with pytest.raises(TypeError, match="`backward` must be True or False"):
+        audit.audit_model(model, x, backward="yes")
