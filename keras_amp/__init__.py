@@ -7,7 +7,16 @@ from keras_amp import model_graph, op_rules, validation
 from keras_amp import callbacks, distribute, layers, losses, optimizers
 from keras_amp import diagnostics, recipes
 from keras_amp import auto_precision
-from keras_amp.diagnostics import AuditReport, Finding, ModelReport, OpRecord, audit_model, check_model
+from keras_amp.diagnostics import (
+    AuditReport,
+    Finding,
+    ModelReport,
+    OpRecord,
+    OverflowReport,
+    audit_model,
+    check_model,
+    find_overflow,
+)
 from keras_amp.hardware import DeviceInfo, GpuInfo
 from keras_amp.optimizers import LossScaleOptimizer, MinScaleError, wrap
 from keras_amp.policy import AmpConfig, AmpWarning, config, disable, enable
@@ -32,6 +41,7 @@ __all__ = [
     "MinScaleError",
     "ModelReport",
     "OpRecord",
+    "OverflowReport",
     "ProgressivePrecision",
     "RecipePlan",
     "__version__",
@@ -46,6 +56,7 @@ __all__ = [
     "distribute",
     "enable",
     "export_for_inference",
+    "find_overflow",
     "layers",
     "losses",
     "model_graph",

@@ -1,10 +1,15 @@
-"""`keras-amp` console command."""
+"""`keras-amp` console command: `doctor`, `check`, `troubleshoot`."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import sys
+
+# Exit codes of `keras-amp check`.
+CLEAN, FINDINGS, BAD_INPUT = 0, 1, 2
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -18,12 +23,143 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+class _BadInput(Exception):
+    """A path, policy or batch `keras-amp check` cannot use (exit code 2)."""
+
+
+def _load_batch(path: str):
+    import numpy as np
+
+    if not os.path.isfile(path):
+        raise _BadInput(f"--batch: no such file: {path}")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as e:
+        raise _BadInput(f"--batch: not a NumPy .npz file: {path} ({e})") from e
+    if "x" not in arrays:
+        raise _BadInput(f"--batch: the .npz needs an array 'x' (and optionally 'y'). Received: "
+                        f"{', '.join(sorted(arrays)) or 'no arrays'}")
+    return arrays["x"], arrays.get("y")
+
+
+def _load_model(path: str, policy: str | None):
+    import keras
+
+    import keras_amp
+
+    if policy is not None:
+        try:
+            keras_amp.enable(policy)
+        except (TypeError, ValueError) as e:
+            raise _BadInput(f"--policy: {e}") from e
+    if not os.path.isfile(path):
+        raise _BadInput(f"no such file: {path}")
+    try:
+        return keras.saving.load_model(path)
+    except Exception as e:  # Keras raises many types for a file that is not a loadable model
+        raise _BadInput(f"cannot load {path} as a Keras model: {type(e).__name__}: {e}") from e
+
+
+def _check(args: argparse.Namespace) -> int:
+    import warnings
+
+    from keras_amp.diagnostics import symptoms
+    from keras_amp.diagnostics.check import check_model
+    from keras_amp.diagnostics.overflow import find_overflow
+
+    try:
+        if not 0.0 < args.underflow <= 1.0:
+            raise _BadInput(f"--underflow must be in (0, 1]. Received: {args.underflow}")
+        batch = _load_batch(args.batch) if args.batch else None
+        model = _load_model(args.model, args.policy)
+    except _BadInput as e:
+        print(f"keras-amp check: {e}", file=sys.stderr)
+        return BAD_INPUT
+    x, y = batch if batch is not None else (None, None)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the report states what a warning would
+            report = check_model(model, x)
+            located = find_overflow(model, x, y) if batch is not None else None
+    except (TypeError, ValueError) as e:  # e.g. a batch whose shape the model does not take
+        print(f"keras-amp check: the batch does not fit the model: {e}", file=sys.stderr)
+        return BAD_INPUT
+    underflowing = located.underflowing(args.underflow) if located is not None else []
+    diagnoses = []
+    if located is not None and not located.ok:
+        layers = located.offending_layers()
+        diagnoses.append(symptoms.diagnose(
+            "non_finite_loss", {"scale_at_floor_or_overflowing": True,
+                                "forward_overflow": located.forward is not None and located.forward.layer in layers,
+                                "data_non_finite": located.forward is not None and located.forward.layer == "(input)"},
+            f"find_overflow at loss scale {located.loss_scale:g}", layers=layers,
+            half_scale=f"{located.loss_scale / 2:g}"))
+    if underflowing:
+        diagnoses.append(symptoms.diagnose(
+            "zero_gradients", {"loss_scaled": located.loss_scale > 1.0, "gradient_underflow": True},
+            ", ".join(f"{s.path!r}: {s.gradients.underflow_fraction:.0%} underflowed/subnormal" for s in underflowing),
+            layers=[s.path for s in underflowing], double_scale=f"{located.loss_scale * 2:g}"))
+    clean = report.ok and not diagnoses
+    if args.json:
+        print(json.dumps({
+            "model": report.model,
+            "findings": [dataclasses.asdict(f) for f in report.findings],
+            "overflow": None if located is None else dataclasses.asdict(located),
+            "diagnoses": [str(d) for d in diagnoses],
+            "clean": clean,
+        }, indent=2, default=str))
+    else:
+        print(report)
+        if located is not None:
+            print(located)
+        for d in diagnoses:
+            print(d)
+    return CLEAN if clean else FINDINGS
+
+
+def _troubleshoot(args: argparse.Namespace) -> int:
+    from keras_amp.diagnostics import symptoms
+
+    if args.symptom is not None and args.symptom not in symptoms.SYMPTOM_NAMES:
+        print(f"keras-amp troubleshoot: unknown symptom {args.symptom!r}. Allowed: "
+              f"{', '.join(symptoms.SYMPTOM_NAMES)}", file=sys.stderr)
+        return BAD_INPUT
+    if args.markdown:
+        print(symptoms.render_markdown(), end="")
+    else:
+        print(symptoms.render_text(args.symptom), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="keras-amp", description="Mixed precision for Keras 3 on TensorFlow.")
     sub = parser.add_subparsers(dest="command", required=True)
     doctor = sub.add_parser("doctor", help="report versions, devices, oneDNN, TF32 and the policy 'auto' would pick")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.set_defaults(func=_doctor)
+
+    check = sub.add_parser(
+        "check", help="mixed-precision findings for a saved model; with --batch, where it overflows",
+        description="Prints check_model's findings for a saved .keras model and, given a batch, "
+        "find_overflow's report (the layer producing inf/NaN forward and backward, headroom, "
+        "gradient underflow). Exit code 0: clean, 1: findings, 2: bad input.")
+    check.add_argument("model", help="path of a .keras model file")
+    check.add_argument("--policy", default=None,
+                       help="keras_amp.enable() this policy before loading (mixed_float16, mixed_bfloat16, "
+                       "float32, auto); saved layers keep the dtype policies they were saved with")
+    check.add_argument("--batch", default=None,
+                       help="a .npz file with arrays 'x' (inputs) and optionally 'y' (labels)")
+    check.add_argument("--underflow", type=float, default=0.5,
+                       help="fraction of a layer's gradient elements underflowed to zero or subnormal that counts as a "
+                       "finding (default 0.5)")
+    check.add_argument("--json", action="store_true", help="print the result as JSON")
+    check.set_defaults(func=_check)
+
+    trouble = sub.add_parser("troubleshoot", help="print the symptom decision tree")
+    trouble.add_argument("symptom", nargs="?", default=None, help="one symptom (default: all)")
+    trouble.add_argument("--markdown", action="store_true", help="as the README's troubleshooting section")
+    trouble.set_defaults(func=_troubleshoot)
     return parser
 
 

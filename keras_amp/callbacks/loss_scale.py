@@ -1,37 +1,147 @@
-"""`LossScaleMonitor`: loss-scaling state in `fit` logs, and host-side logging at cheap points."""
+"""`LossScaleMonitor`: loss-scaling metrics in the `fit` logs, the symptom library, and diagnoses.
+
+The monitor reads the optimizer's state only at log points (every `log_every` batches and at
+each epoch end): one `host_check()` per log point, nothing inside the step, and between log
+points the logs carry the last values read as Python numbers. Symptoms are checked at the same
+points; each one found is diagnosed by walking `keras_amp.diagnostics.symptoms`' decision tree.
+"""
 
 from __future__ import annotations
 
+import math
+import os
+import statistics
+import threading
+import time
+import warnings
+from typing import Any, Callable
+
 import keras
+import tensorflow as tf
 from absl import logging
 
+from keras_amp import policy as amp_policy
+from keras_amp import validation
+from keras_amp.callbacks import summaries
+from keras_amp.diagnostics import symptoms
 from keras_amp.optimizers.loss_scale_optimizer import LossScaleOptimizer
+
+ON_NAN = ("warn", "stop")
+METRICS = ("loss_scale", "overflow_count", "overflows_since_log", "skipped_steps", "consecutive_overflows")
+
+
+def memory_in_use() -> tuple[str, int]:
+    """("gpu", bytes in use on GPU:0) where there is a GPU, else ("rss", the process's resident bytes)."""
+    if tf.config.list_logical_devices("GPU"):
+        return "gpu", int(tf.config.experimental.get_memory_info("GPU:0")["current"])
+    try:
+        with open("/proc/self/statm") as f:
+            return "rss", int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # not Linux: peak RSS, which still grows when memory grows
+        import resource
+        return "rss", int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 class LossScaleMonitor(keras.callbacks.Callback):
-    """Adds `loss_scale`, `overflow_count` and `consecutive_overflows` to `fit` logs.
+    """Loss-scale metrics in `fit` logs; detects mixed-precision symptoms and says what to do.
 
-    The values are the optimizer's variables, read where Keras already reads the logs: per batch
-    as tensors (no extra sync; the progress bar converts them with the loss), per epoch as
-    Python numbers. Every `check_every` batches and at each epoch end it calls the optimizer's
-    `host_check()`: the one place scale changes are logged under XLA (`jit_compile=True`) and
-    in replica context (strategies without merge_call), and where `on_min_scale="raise"` stops
-    training there. A stock Keras `LossScaleOptimizer` gets `loss_scale` only.
+    Adds to the logs (progress bar, `History`, `TensorBoard` placed after it): `loss_scale`,
+    `overflow_count` (total), `overflows_since_log`, `skipped_steps` and `consecutive_overflows`.
+    The state is read at log points only (every `log_every` batches, and each epoch end):
+    nothing runs inside the training step.
+
+    Symptoms, checked at log points:
+    - a non-finite loss;
+    - the probe batch's gradients all zero (globally, or in one layer) for `zero_grad_steps` steps;
+    - the loss scale at its floor, still overflowing, at two log points in a row;
+    - a `val_*` metric changing by more than `val_swing` (relative) from one epoch to the next;
+    - memory (GPU memory in use, else process RSS) rising at `memory_epochs` epoch ends in a row
+      and by 5% in all;
+    - the step time between log points above `step_time_factor` x its running median, at two
+      log points in a row (the first interval of each epoch, with iterator start and tracing,
+      is left out).
+
+    Each symptom is diagnosed once per `fit` by walking the decision tree of
+    `keras_amp.diagnostics.symptoms`, and the diagnosis is issued as an `AmpWarning` and kept
+    in `diagnoses`. Given a `probe` batch, the diagnosis of a non-finite loss names the layers
+    `find_overflow` blames.
 
     Args:
-        check_every: Int >= 1. Batches between host checks (each reads five scalars). Defaults
-            to 100.
+        log_every: Int >= 1. Batches between log points. Defaults to 100.
+        check_every: Int >= 1 or None. The earlier name of `log_every`.
+        on_nan: "warn" or "stop". "stop" ends training at the log point that sees a non-finite
+            loss (when Keras dispatches batch ends asynchronously, a step or two later).
+            Defaults to "warn".
+        probe: None or a tuple `(x,)` / `(x, y)`: a batch for the gradient symptoms and the
+            overflow locator (one extra forward and backward pass per log point).
+        zero_grad_steps: Int >= 1. Steps of all-zero probe gradients before the symptom.
+            Defaults to 200.
+        val_swing: Float > 0. Relative epoch-to-epoch change of a `val_*` metric that counts as
+            a swing. Defaults to 0.5.
+        memory_epochs: Int >= 1. Consecutive epoch ends with rising memory. Defaults to 3.
+        step_time_factor: Float > 1. Step-time jump over the running median. Defaults to 3.0.
+        log_dir: String or None. Also write the metrics as TensorBoard scalars there ("batch_*"
+            at log points, "epoch_*" at epoch ends); works without the `tensorboard` package,
+            which Keras's `TensorBoard` callback needs.
+
+    Example:
+
+    ```python
+    monitor = keras_amp.callbacks.LossScaleMonitor(log_every=50, on_nan="stop", probe=(x[:32], y[:32]))
+    model.fit(x, y, callbacks=[monitor, keras.callbacks.TensorBoard("logs")])
+    history.history["loss_scale"], monitor.diagnoses
+    ```
     """
 
-    def __init__(self, check_every: int = 100):
+    # Keras 3.15 converts the batch logs to Python numbers (a host sync) in the training loop's
+    # thread unless every callback with batch hooks is async-safe; this one is (a lock orders
+    # its batch ends), so it adds no sync to the step. With other, non-async-safe callbacks,
+    # Keras dispatches synchronously and the loop syncs every step whatever this one does.
+    async_safe = True
+
+    def __init__(self, log_every: int = 100, *, check_every: int | None = None, on_nan: str = "warn",
+                 probe: Any = None, zero_grad_steps: int = 200, val_swing: float = 0.5,
+                 memory_epochs: int = 3, step_time_factor: float = 3.0, log_dir: str | None = None):
         super().__init__()
-        if isinstance(check_every, bool) or not isinstance(check_every, int):
-            raise TypeError("`check_every` must be an integer >= 1. "
-                            f"Received: check_every={check_every!r}")
-        if check_every < 1:
-            raise ValueError(f"`check_every` must be >= 1. Received: check_every={check_every}")
-        self.check_every = check_every
+        if check_every is not None:
+            log_every = validation.check_int("check_every", check_every, min_value=1)
+        self.log_every = validation.check_int("log_every", log_every, min_value=1)
+        self.on_nan = validation.check_choice("on_nan", on_nan, ON_NAN)
+        if probe is not None:
+            validation.check_type("probe", probe, tuple, "a tuple (x,) or (x, y)")
+            if len(probe) not in (1, 2):
+                raise ValueError(f"`probe` must be (x,) or (x, y). Received: probe of length {len(probe)}")
+        self.probe = probe
+        self.zero_grad_steps = validation.check_int("zero_grad_steps", zero_grad_steps, min_value=1)
+        self.val_swing = validation.check_float("val_swing", val_swing, min_value=0.0, min_inclusive=False)
+        self.memory_epochs = validation.check_int("memory_epochs", memory_epochs, min_value=1)
+        self.step_time_factor = validation.check_float("step_time_factor", step_time_factor,
+                                                       min_value=1.0, min_inclusive=False)
+        if log_dir is not None:
+            validation.check_type("log_dir", log_dir, (str, os.PathLike), "a path or None")
+        self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        self._writer = summaries.Writer(self.log_dir) if self.log_dir else None
+        self.diagnoses: list[symptoms.Diagnosis] = []
+        self._memory_reader: Callable[[], tuple[str, int]] = memory_in_use
+        self._lock = threading.Lock()
+        self._reset()
+
+    # ------------------------------------------------------------------ state
+    def _reset(self):
         self._batches = 0
+        self._last: dict[str, float] = {}
+        self._at_log = None  # overflow_count at the previous log point
+        self._at_epoch = 0
+        self._floor_streak = 0
+        self._zero_since: dict[str, int] = {}
+        self._val_prev: dict[str, float] = {}
+        self._memory: list[int] = []
+        self._intervals: list[float] = []
+        self._tick = None
+        self._slow_before = False
+        self._fired: set[str] = set()
+        self._gradient_probe = None
+        self._located = None
 
     def _optimizer(self):
         opt = getattr(self.model, "optimizer", None)
@@ -39,44 +149,228 @@ class LossScaleMonitor(keras.callbacks.Callback):
             return opt
         return None
 
-    def _variables(self, opt):
-        found = {"loss_scale": opt.dynamic_scale}
+    def _read(self) -> dict[str, float]:
+        """The one host read of a log point."""
+        opt = self._optimizer()
+        if opt is None:
+            return {}
         if isinstance(opt, LossScaleOptimizer):
-            found["overflow_count"] = opt.overflow_count
-            found["consecutive_overflows"] = opt.consecutive_overflows
-        return found
+            state = opt.host_check()  # also logs unlogged scale changes, applies on_min_scale
+        else:
+            state = {"loss_scale": float(keras.ops.convert_to_numpy(opt.dynamic_scale))}
+        count = state.get("overflow_count")
+        values = {"loss_scale": state["loss_scale"]}
+        if count is not None:
+            values.update(overflow_count=count, skipped_steps=count,  # total_steps = iterations + skipped
+                          consecutive_overflows=state["consecutive_overflows"],
+                          overflows_since_log=count - (self._at_log if self._at_log is not None else 0))
+            self._at_log = count
+        return values
 
+    # ------------------------------------------------------------------ Keras hooks
     def on_train_begin(self, logs=None):
-        if self.model is not None and getattr(self.model, "optimizer", None) is not None and \
-                not isinstance(self.model.optimizer, keras.optimizers.LossScaleOptimizer):
-            logging.warning("LossScaleMonitor: the model's optimizer %r does not scale the loss; "
-                            "nothing to monitor.", type(self.model.optimizer).__name__)
+        self._reset()
+        self.diagnoses = []
+        if self._optimizer() is not None:  # a later fit: count overflows from here on
+            self._read()
+            self._at_epoch = self._at_log if self._at_log is not None else 0
+        opt = getattr(self.model, "optimizer", None)
+        if opt is not None and not isinstance(opt, keras.optimizers.LossScaleOptimizer):
+            logging.info("LossScaleMonitor: optimizer %r does not scale the loss; only the "
+                         "symptoms are monitored.", type(opt).__name__)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._tick = (time.perf_counter(), self._batches, True)
 
     def on_train_batch_end(self, batch, logs=None):
-        opt = self._optimizer()
-        if opt is None:
-            return
-        if logs is not None:
-            for key, variable in self._variables(opt).items():
-                logs[key] = variable.value
+        with self._lock:  # batch ends may be dispatched to several threads
+            self._on_batch(logs)
+
+    def _on_batch(self, logs) -> None:
         self._batches += 1
-        if self._batches % self.check_every == 0 and isinstance(opt, LossScaleOptimizer):
-            opt.host_check()
+        if self._batches % self.log_every == 0:
+            arrived = time.perf_counter()  # the monitor's own work below is not step time
+            self._last = self._read()
+            if self._writer is not None and self._last:
+                self._writer.scalars(self._last, self._batches, prefix="batch_")
+            self._check_loss(logs)
+            self._check_scale_floor()
+            self._check_gradients()
+            self._check_step_time(arrived)
+        if logs is not None:
+            logs.update(self._last)
 
     def on_epoch_end(self, epoch, logs=None):
-        opt = self._optimizer()
-        if opt is None:
-            return
-        if isinstance(opt, LossScaleOptimizer):
-            state = opt.host_check()
-            values = {k: state[k] for k in ("loss_scale", "overflow_count",
-                                            "consecutive_overflows")}
-        else:
-            values = {"loss_scale": float(keras.ops.convert_to_numpy(opt.dynamic_scale))}
+        values = self._read()
+        if "overflow_count" in values:
+            values["overflows_since_log"] = values["overflow_count"] - self._at_epoch
+            self._at_epoch = values["overflow_count"]
+        self._last = values
         if logs is not None:
             logs.update(values)
+        if self._writer is not None and values:
+            self._writer.scalars(values, epoch, prefix="epoch_")
+        self._check_loss(logs)
+        self._check_validation(logs or {})
+        self._check_memory()
 
     def on_train_end(self, logs=None):
         opt = self._optimizer()
         if isinstance(opt, LossScaleOptimizer):
             opt.host_check()
+        if self._writer is not None:
+            self._writer.flush()
+
+    # ------------------------------------------------------------------ symptoms
+    def _report(self, name: str, facts: dict, detail: str, **context) -> None:
+        if name in self._fired:
+            return
+        self._fired.add(name)
+        diagnosis = symptoms.diagnose(name, facts, detail, **context)
+        self.diagnoses.append(diagnosis)
+        warnings.warn(str(diagnosis), amp_policy.AmpWarning, stacklevel=2)
+
+    def _scale_context(self) -> dict:
+        opt = self._optimizer()
+        scale = self._last.get("loss_scale")
+        context = {}
+        if scale is not None:
+            context.update(half_scale=f"{scale / 2:g}", double_scale=f"{scale * 2:g}")
+        if getattr(opt, "min_scale", None) is not None:
+            context["half_min_scale"] = f"{opt.min_scale / 2:g}"
+        return context
+
+    def _check_loss(self, logs) -> None:
+        loss = (logs or {}).get("loss")
+        if loss is None or math.isfinite(float(loss)):
+            return
+        if "non_finite_loss" not in self._fired:
+            opt = self._optimizer()
+            facts: dict[str, Any] = {}
+            if isinstance(opt, LossScaleOptimizer):
+                facts["scale_at_floor_or_overflowing"] = (
+                    self._last.get("loss_scale", math.inf) <= opt.min_scale
+                    or self._last.get("overflows_since_log", 0) > 0 or self._last.get("overflow_count", 0) > 0)
+            context = self._scale_context()
+            report = self._locate()
+            if report is not None and not report.ok:
+                layers = report.offending_layers()
+                facts["forward_overflow"] = report.forward is not None and report.forward.layer in layers
+                facts["data_non_finite"] = report.forward is not None and report.forward.layer == "(input)"
+                context["layers"] = layers
+            self._report("non_finite_loss", facts, f"loss={float(loss)} after {self._batches} steps", **context)
+        if self.on_nan == "stop" and not self.model.stop_training:
+            logging.warning("LossScaleMonitor: non-finite loss after %d steps; stopping (on_nan='stop').",
+                            self._batches)
+            self.model.stop_training = True
+
+    def _locate(self):
+        """find_overflow on the probe batch, once per log point."""
+        if self.probe is None:
+            return None
+        if self._located is not None and self._located[0] == self._batches:
+            return self._located[1]
+        from keras_amp.diagnostics.overflow import find_overflow
+        try:
+            report = find_overflow(self.model, *self.probe)
+        except Exception as e:  # a diagnosis must not end training on its own
+            logging.warning("LossScaleMonitor: find_overflow on the probe batch failed: %s", e)
+            report = None
+        self._located = (self._batches, report)
+        return report
+
+    def _check_scale_floor(self) -> None:
+        opt = self._optimizer()
+        if not isinstance(opt, LossScaleOptimizer) or not opt.dynamic:
+            return
+        # Pinned: at the floor and still overflowing (a scale started at its floor is not a symptom).
+        at_floor = (self._last.get("loss_scale", math.inf) <= opt.min_scale
+                    and self._last.get("overflows_since_log", 0) > 0)
+        self._floor_streak = self._floor_streak + 1 if at_floor else 0
+        if self._floor_streak >= 2:
+            report = self._locate()
+            facts = {}
+            context = self._scale_context()
+            if report is not None and not report.ok:
+                context["layers"] = report.offending_layers()
+                facts["forward_overflow"] = report.forward is not None and report.forward.layer in context["layers"]
+            self._report("scale_at_floor", facts,
+                         f"loss_scale={self._last['loss_scale']:g} = min_scale, overflowing, at 2 log points",
+                         **context)
+
+    def _check_gradients(self) -> None:
+        if self.probe is None:
+            return
+        if self._gradient_probe is None:
+            from keras_amp.diagnostics.gradient_stats import GradientProbe
+            self._gradient_probe = GradientProbe(self.model, *self.probe)
+        report = self._gradient_probe.run()
+        zero_layers = [s.path for s in report.layers if s.size and s.zero_fraction == 1.0]
+        worst = {"(global)"} if report.layers and len(zero_layers) == len(report.layers) else set()
+        worst |= set(zero_layers)
+        self._zero_since = {k: self._zero_since.get(k, self._batches) for k in worst}
+        lasting = [k for k, since in self._zero_since.items() if self._batches - since >= self.zero_grad_steps]
+        if not lasting:
+            return
+        opt = self._optimizer()
+        layers = [k for k in lasting if k != "(global)"]
+        # Underflow, not dead gradients: the zeros are values at a 4096x larger scale.
+        chosen = [s for s in report.layers if s.path in layers] or list(report.layers)
+        facts = {"loss_scaled": opt is not None,
+                 "gradient_underflow": any(s.underflow_zero_fraction > 0 for s in chosen)}
+        what = "all gradients" if "(global)" in lasting else f"the gradients of {', '.join(map(repr, layers))}"
+        self._report("zero_gradients", facts, f"{what} zero for {self.zero_grad_steps}+ steps",
+                     layers=layers, **self._scale_context())
+
+    def _check_step_time(self, now: float) -> None:
+        if self._tick is not None:
+            start, batches, first = self._tick
+            # The first interval of an epoch includes starting the data iterator (and tracing).
+            per_step = (now - start) / max(self._batches - batches, 1)
+            if not first and len(self._intervals) >= 5:
+                median = statistics.median(self._intervals)
+                # Two slow intervals in a row: one alone is a hiccup (GC, a neighbour's burst).
+                slow = per_step > self.step_time_factor * median
+                if slow and self._slow_before:
+                    self._report("step_time_jump", {}, f"{per_step * 1e3:.1f} ms/step after {self._batches} "
+                                 f"steps vs a running median of {median * 1e3:.1f} ms")
+                self._slow_before = slow
+            if not first:
+                self._intervals.append(per_step)
+        self._tick = (time.perf_counter(), self._batches, False)
+
+    def _check_validation(self, logs: dict) -> None:
+        swings = []
+        for key, value in logs.items():
+            if not key.startswith("val_") or not isinstance(value, (int, float)):
+                continue
+            prev = self._val_prev.get(key)
+            self._val_prev[key] = value
+            if prev is None:
+                continue
+            if not math.isfinite(value) or abs(value - prev) > self.val_swing * max(abs(prev), 1e-12):
+                swings.append(f"{key} {prev:.4g} -> {value:.4g}")
+        if swings:
+            facts = {"recent_overflows": self._last.get("overflows_since_log", 0) > 0
+                     if "overflows_since_log" in self._last else None,
+                     "outputs_float32": self._outputs_float32()}
+            self._report("validation_swing", facts, "; ".join(swings), **self._scale_context())
+
+    def _outputs_float32(self) -> bool | None:
+        try:
+            from keras_amp.diagnostics.check import check_model
+        except ImportError:
+            return None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            kinds = check_model(self.model).kinds()
+        return not ({"output_not_float32", "low_precision_loss"} & kinds)
+
+    def _check_memory(self) -> None:
+        kind, used = self._memory_reader()
+        self._memory.append(used)
+        recent = self._memory[-(self.memory_epochs + 1):]
+        rising = all(b > a for a, b in zip(recent, recent[1:])) and recent[-1] >= 1.05 * recent[0]
+        if len(recent) == self.memory_epochs + 1 and rising:
+            self._report("memory_growth", {}, f"{kind} {recent[0] / 2**20:.1f} MiB -> {recent[-1] / 2**20:.1f} MiB "
+                         f"over {self.memory_epochs} epochs")

@@ -1,0 +1,306 @@
+"""One diagnostic training step: forward, loss, scaled backward, each graph op attributed to a layer.
+
+`find_overflow` and the gradient statistics stand on this module. The step runs in its own
+`tf.function` (compiled with XLA when asked), applies nothing, and puts back every non-trainable
+variable it touched (batch-norm statistics, dropout seeds), so the model leaves it as it came.
+
+Attribution: while the step is traced, each layer's (and each functional operator node's) `call`
+is wrapped for the duration of the trace only, recording which graph ops it created; an op belongs
+to the innermost layer that created it. Gradient ops are named `gradient_tape/<forward op>/...`
+by TensorFlow, so each maps back to the layer of its forward op. This is exact where name scopes
+are not: Keras name scopes are uniquified per graph (a shared layer "dense" and a layer named
+"dense_1" both produce scopes "dense_1..."), and subclassed models record no graph at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_amp import model_graph
+from keras_amp import validation
+
+# The reference backward pass runs at this multiple of the scale (2**12: lifts float16 values
+# from below its smallest subnormal, 6e-8, into range, without overflowing typical gradients).
+REFERENCE_FACTOR = 4096.0
+INPUT = "(input)"
+LOSS = "(loss)"
+GRADIENT_SUM = "(gradient sum)"
+_GRADIENT_PREFIX = "gradient_tape/"
+
+
+def current_loss_scale(model: keras.Model) -> float:
+    """The loss scale `model`'s optimizer applies now (1.0 without a LossScaleOptimizer)."""
+    opt = getattr(model, "optimizer", None)
+    if not isinstance(opt, keras.optimizers.LossScaleOptimizer):
+        return 1.0
+    if opt.built:
+        return float(keras.ops.convert_to_numpy(opt.dynamic_scale))
+    initial = getattr(opt, "initial_scale", None)
+    return float(initial) if initial is not None else 2.0**15
+
+
+def resolve_loss(model: keras.Model, y: Any, loss: Any) -> Callable:
+    """`fn(x, y, y_pred) -> scalar loss` from `loss`, the compiled loss, or a label-free surrogate."""
+    if loss is not None:
+        fn = keras.losses.get(loss) if isinstance(loss, (str, dict)) else loss
+        validation.check_callable("loss", fn)
+        if y is None:
+            raise ValueError("`y` is needed with an explicit `loss`. Received: y=None, "
+                             f"loss={loss!r}. Allowed: the labels of `x`, or loss=None")
+        return lambda x, y, y_pred: keras.ops.mean(fn(y, y_pred))
+    if y is None:
+        # No labels: the mean of the outputs reaches every layer's gradient, which is what the
+        # overflow and underflow counts need; the magnitudes differ from a real loss's.
+        def surrogate(x, y, y_pred):
+            flat = [keras.ops.mean(keras.ops.cast(t, "float32")) for t in keras.tree.flatten(y_pred)]
+            return keras.ops.sum(keras.ops.stack(flat))
+        return surrogate
+    if getattr(model, "compiled", False) and getattr(model, "loss", None) is not None:
+        return lambda x, y, y_pred: model.compute_loss(x=x, y=y, y_pred=y_pred, training=True)
+    raise ValueError("A loss is needed for labels `y`: compile the model with a loss or pass "
+                     "`loss=`. Received: loss=None and a model compiled without a loss. Allowed: a "
+                     "Keras loss name or callable, or y=None (the mean of the outputs stands in)")
+
+
+def own_trainable_variables(layer: Any) -> list:
+    """The trainable variables of `layer` that none of its sublayers owns."""
+    inner = {id(v) for child in model_graph.children(layer) for v in child.trainable_weights}
+    return [v for v in layer.trainable_weights if id(v) not in inner]
+
+
+def weighted_layers(model: keras.Model) -> list[tuple[str, Any, list]]:
+    """`(path, layer, own trainable variables)` for every layer under `model` owning some, in model order."""
+    found = []
+    own = own_trainable_variables(model)
+    if own:
+        found.append((model.name, model, own))
+    for path, layer in model_graph.walk(model):
+        own = own_trainable_variables(layer)
+        if own:
+            found.append((path, layer, own))
+    return found
+
+
+@dataclasses.dataclass
+class Trace:
+    """What tracing recorded: the ops of the step and their owners, and each layer's outputs.
+
+    Args:
+        ops: List of tf.Operation, in creation (topological) order.
+        owners: List of str, the layer path owning each op (or INPUT, LOSS, GRADIENT_SUM).
+        backward_start: Int. Index of the first op of the backward pass.
+        layer_outputs: Dict path -> list of output tensors (every call of the layer).
+        layer_dtypes: Dict path -> the layer's compute dtype.
+        graph: The step's FuncGraph while it is traced.
+    """
+
+    ops: list = dataclasses.field(default_factory=list)
+    owners: list = dataclasses.field(default_factory=list)
+    backward_start: int = 0
+    layer_outputs: dict = dataclasses.field(default_factory=dict)
+    layer_dtypes: dict = dataclasses.field(default_factory=dict)
+    graph: Any = None
+
+
+@contextlib.contextmanager
+def _attributing(model: keras.Model, events: list, trace: Trace):
+    """Wraps every sublayer's and operator node's `call` while the step is traced; restores them."""
+    targets = list(model_graph.walk(model, operations=True))
+    saved = []
+    for path, target in targets:
+        had_own = "call" in vars(target)
+        original = target.call
+        trace.layer_dtypes[path] = getattr(target, "compute_dtype", None)
+
+        def wrapper(*args, __original=original, __path=path, **kwargs):
+            graph = tf.compat.v1.get_default_graph()
+            if graph is not trace.graph:
+                # Inside a loop or branch body (an RNN's cell): those ops are not in the step's
+                # graph; the enclosing layer owns the While/If op that runs them.
+                return __original(*args, **kwargs)
+            events.append((len(graph.get_operations()), __path, 1))
+            outputs = __original(*args, **kwargs)
+            events.append((len(graph.get_operations()), __path, -1))
+            trace.layer_outputs.setdefault(__path, []).extend(
+                t for t in keras.tree.flatten(outputs) if tf.is_tensor(t) and t.dtype.is_floating)
+            return outputs
+
+        functools.update_wrapper(wrapper, original)
+        # object.__setattr__: a plain function is not state Keras should track; restored below.
+        object.__setattr__(target, "call", wrapper)
+        saved.append((target, had_own, original))
+    try:
+        yield
+    finally:
+        for target, had_own, original in saved:
+            if had_own:
+                object.__setattr__(target, "call", original)
+            else:
+                object.__delattr__(target, "call")
+
+
+def _owners(ops: list, events: list, model_name: str, forward_end: int, model_start: int,
+            model_end: int) -> list[str]:
+    """The innermost layer creating each op; backward ops take their forward op's owner."""
+    owners = []
+    stack: list[str] = []
+    events = sorted(events, key=lambda e: e[0])  # stable: same-index enter/exit keep call order
+    k = 0
+    for i, op in enumerate(ops[:forward_end]):
+        while k < len(events) and events[k][0] <= i:
+            _, path, step = events[k]
+            if step == 1:
+                stack.append(path)
+            elif stack:
+                stack.pop()
+            k += 1
+        if stack:
+            owners.append(stack[-1])
+        elif i < model_start:
+            owners.append(INPUT)
+        elif i < model_end:
+            owners.append(model_name)
+        else:
+            owners.append(LOSS)
+    _adopt_input_casts(ops[:forward_end], owners, model_name)
+    by_name = {op.name: owner for op, owner in zip(ops, owners)}
+    for op in ops[forward_end:]:
+        owners.append(_backward_owner(op.name, by_name))
+    return owners
+
+
+def _adopt_input_casts(ops: list, owners: list, model_name: str) -> None:
+    """Gives a layer the casts of its inputs to its compute dtype.
+
+    Keras casts a layer's inputs in `Layer.__call__` before `call` (outside the layer's name
+    scope), so those casts are created in the caller's context; they belong to the layer they feed.
+    """
+    index = {op.name: i for i, op in enumerate(ops)}
+    for i, op in enumerate(ops):
+        if op.type != "Cast":
+            continue
+        consumers = {index[c.name] for t in op.outputs for c in t.consumers() if c.name in index}
+        users = {owners[j] for j in consumers}
+        if len(users) != 1:
+            continue
+        owner, caller = users.pop(), owners[i]
+        # Only a caller's cast feeding one of its sublayers: a layer's own output cast stays its own.
+        if owner not in (INPUT, LOSS, caller) and (caller == model_name or owner.startswith(caller + "/")):
+            owners[i] = owner
+
+
+def _backward_owner(name: str, by_name: dict) -> str:
+    if not name.startswith(_GRADIENT_PREFIX):
+        return GRADIENT_SUM  # AddN of a tensor used twice, the cast of a gradient to its variable
+    parts = name[len(_GRADIENT_PREFIX):].split("/")
+    for end in range(len(parts), 0, -1):
+        owner = by_name.get("/".join(parts[:end]))
+        if owner is not None:
+            return owner
+    return GRADIENT_SUM
+
+
+class DiagnosticStep:
+    """A compiled forward + scaled-backward step of `model` on one batch, with reductions attached.
+
+    `reduce(trace, grads, reference, loss)` runs inside the traced function after the backward
+    pass and returns a nested structure of tensors; `run(scale)` executes the step and returns
+    it as NumPy values. `reference` holds the same gradients at `REFERENCE_FACTOR` times the
+    scale: an element that is 0 at the scale but not in the reference underflowed (a gradient
+    that is truly 0, such as an embedding row not looked up, is 0 in both).
+
+    Args:
+        model: Built `keras.Model`.
+        x, y: The batch (y may be None).
+        loss: As `resolve_loss`.
+        reduce: Callable `(trace, grads_by_layer, reference_by_layer, loss) -> nest of tensors`.
+        training: Bool. The `training` argument of the forward pass.
+        jit_compile: Bool. Compile the step with XLA.
+        attribute: Bool. Record op owners (find_overflow) or not (cheaper statistics).
+    """
+
+    def __init__(self, model, x, y, loss, reduce, *, training=True, jit_compile=False, attribute=True):
+        self.model = model
+        self.x, self.y = x, y
+        self._loss_fn = resolve_loss(model, y, loss)
+        self._reduce = reduce
+        self.training = training
+        self.attribute = attribute
+        self.trace = Trace()
+        self.layers = None
+        self._fn = tf.function(self._step, jit_compile=jit_compile, autograph=False)
+        self._concrete = None
+
+    def _step(self, x, y, scale):
+        model = self.model
+        graph = tf.compat.v1.get_default_graph()
+        self.trace.graph = graph
+        saved = [(v, tf.identity(v.value)) for v in model.non_trainable_variables]
+        variables = [v for _, _, vs in self.layers for v in vs]
+        model_start = len(graph.get_operations())
+        with tf.GradientTape(persistent=True) as tape:
+            y_pred = model(x, training=self.training)
+            model_end = len(graph.get_operations())
+            loss = keras.ops.cast(self._loss_fn(x, y, y_pred), "float32")
+            scaled = loss * scale
+        forward_end = len(graph.get_operations())
+        zero = tf.UnconnectedGradients.ZERO
+        grads = tape.gradient(scaled, variables, unconnected_gradients=zero)
+        ops = graph.get_operations()  # the step as measured; the reference pass comes after
+        # The loss's own gradient seeded with the factor: no extra forward op to measure.
+        reference = tape.gradient(scaled, variables, output_gradients=tf.constant(REFERENCE_FACTOR),
+                                  unconnected_gradients=zero)
+        if self.attribute:
+            self.trace.ops = ops
+            self.trace.backward_start = forward_end
+            self.trace.owners = _owners(ops, self._events, model.name, forward_end, model_start, model_end)
+        grads_by_layer, reference_by_layer, k = [], [], 0
+        for _, _, vs in self.layers:
+            grads_by_layer.append([tf.convert_to_tensor(g) for g in grads[k:k + len(vs)]])
+            reference_by_layer.append([tf.convert_to_tensor(g) for g in reference[k:k + len(vs)]])
+            k += len(vs)
+        out = self._reduce(self.trace, grads_by_layer, reference_by_layer, loss)
+        # Training-mode side effects (batch-norm statistics, seeds) are put back: diagnosis
+        # must not move the model. Automatic control dependencies order these after the step.
+        with tf.control_dependencies(tf.nest.flatten(out)):
+            for v, value in saved:
+                v.assign(value)
+        return tf.nest.map_structure(tf.identity, out)
+
+    def _build(self):
+        model = self.model
+        if not model.built:
+            model(self.x, training=False)  # variables must exist before tracing
+        self.layers = weighted_layers(model)
+        self._events = []
+        x = keras.tree.map_structure(tf.convert_to_tensor, self.x)
+        y = None if self.y is None else keras.tree.map_structure(tf.convert_to_tensor, self.y)
+        scale = tf.constant(1.0, tf.float32)
+        ctx = _attributing(model, self._events, self.trace) if self.attribute else contextlib.nullcontext()
+        with ctx:
+            self._concrete = self._fn.get_concrete_function(x, y, scale)
+        self._args = (x, y)
+
+    def run(self, scale: float):
+        """Executes the step at loss scale `scale`; NumPy values of the reduction."""
+        if self._concrete is None:
+            self._build()
+        x, y = self._args
+        # The concrete function traced under attribution (calling self._fn could retrace).
+        out = self._concrete(x, y, tf.constant(scale, tf.float32))
+        return tf.nest.map_structure(lambda t: t.numpy(), out)
+
+
+def float_info(dtype: str) -> np.finfo:
+    """NumPy's float info for a Keras float dtype name (bfloat16 through ml_dtypes)."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+        return ml_dtypes.finfo(ml_dtypes.bfloat16)
+    return np.finfo(np.dtype(dtype))

@@ -1,0 +1,132 @@
+"""`keras-amp check`: findings for a saved model, the overflow locator with --batch, exit codes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import keras_amp
+from keras_amp import cli
+
+
+def _compile(model):
+    model.compile(optimizer=keras_amp.LossScaleOptimizer(keras.optimizers.SGD(0.0), initial_scale=2.0**10),
+                  loss="mse")
+    return model
+
+
+def _softmax_model(softmax_dtype=None):
+    inp = keras.Input((8,))
+    h = keras.layers.Dense(8, name="d0")(inp)
+    h = keras.layers.Dense(8, activation="softmax", name="scores", dtype=softmax_dtype)(h)
+    return _compile(keras.Model(inp, keras.layers.Dense(1, dtype="float32", name="head")(h)))
+
+
+def _overflow_model(gain_dtype=None):
+    # "k" multiplies positive inputs by ~1e5 through its kernel: beyond float16's 65504.
+    inp = keras.Input((8,))
+    h = keras.layers.Dense(8, use_bias=False, name="k", dtype=gain_dtype,
+                           kernel_initializer=keras.initializers.Constant(1.25e4))(inp)
+    h = keras.layers.Dense(8, use_bias=False, name="down", dtype=gain_dtype,
+                           kernel_initializer=keras.initializers.Constant(1.25e-5))(h)
+    return _compile(keras.Model(inp, keras.layers.Dense(1, dtype="float32", name="head")(h)))
+
+
+def _save(model, tmp_path, name):
+    path = str(tmp_path / f"{name}.keras")
+    model.save(path)
+    return path
+
+
+def _batch(tmp_path):
+    rng = np.random.default_rng(0)
+    path = str(tmp_path / "batch.npz")
+    np.savez(path, x=rng.uniform(0.5, 1.0, (16, 8)).astype("float32"), y=np.ones((16, 1), "float32"))
+    return path
+
+
+def _run(capsys, *argv):
+    code = cli.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_planted_16_bit_softmax_is_a_finding_and_the_fixed_model_is_clean(tmp_path, capsys):
+    keras.config.set_dtype_policy("mixed_float16")
+    bad = _save(_softmax_model(), tmp_path, "bad")
+    good = _save(_softmax_model(softmax_dtype="float32"), tmp_path, "good")
+    code, out, _ = _run(capsys, "check", bad)
+    assert code == cli.FINDINGS
+    assert "[low_precision_softmax] scores:" in out
+    code, out, _ = _run(capsys, "check", good)
+    assert code == cli.CLEAN, out
+    assert "no findings" in out
+
+
+def test_batch_runs_the_locator_and_names_the_overflowing_layer(tmp_path, capsys):
+    keras.config.set_dtype_policy("mixed_float16")
+    bad = _save(_overflow_model(), tmp_path, "bad")
+    good = _save(_overflow_model(gain_dtype="float32"), tmp_path, "good")
+    batch = _batch(tmp_path)
+    code, out, _ = _run(capsys, "check", bad)
+    assert code == cli.CLEAN  # statically there is nothing to see: the overflow is in the values
+    code, out, _ = _run(capsys, "check", bad, "--batch", batch)
+    assert code == cli.FINDINGS
+    assert "forward: first non-finite value produced in layer 'k'" in out
+    assert "Compute 'k' in float32" in out  # the decision tree's action, from the same table
+    code, out, _ = _run(capsys, "check", good, "--batch", batch, "--json")
+    result = json.loads(out)
+    assert code == cli.CLEAN and result["clean"] and result["overflow"]["forward"] is None
+    # Guard: the fixed model really carries the ~1e5 activations, in float32.
+    k = next(layer for layer in result["overflow"]["layers"] if layer["path"] == "k")
+    assert k["output_dtype"] == "float32" and k["max_abs"] > 65504
+
+
+def test_bad_input_exits_2(tmp_path, capsys):
+    keras.config.set_dtype_policy("mixed_float16")
+    good = _save(_softmax_model(softmax_dtype="float32"), tmp_path, "good")
+    not_model = tmp_path / "notes.keras"
+    not_model.write_text("not a model")
+    no_x = str(tmp_path / "no_x.npz")
+    np.savez(no_x, inputs=np.zeros((2, 8)))
+    cases = [
+        ("check", str(tmp_path / "missing.keras")),
+        ("check", str(not_model)),
+        ("check", good, "--batch", no_x),
+        ("check", good, "--batch", str(not_model)),
+        ("check", good, "--policy", "mixed_float8"),
+        ("check", good, "--batch", _batch(tmp_path), "--underflow", "2"),
+    ]
+    for argv in cases:
+        code, _, err = _run(capsys, *argv)
+        assert code == cli.BAD_INPUT and err.startswith("keras-amp check: "), argv
+    wrong_shape = str(tmp_path / "wrong.npz")
+    np.savez(wrong_shape, x=np.zeros((2, 3), "float32"))
+    code, _, err = _run(capsys, "check", good, "--batch", wrong_shape)
+    assert code == cli.BAD_INPUT, err
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["check"])  # argparse: the model path is required
+    assert exit_info.value.code == cli.BAD_INPUT
+
+
+def test_troubleshoot_prints_the_tree(capsys):
+    code, out, _ = _run(capsys, "troubleshoot", "non_finite_loss")
+    assert code == 0 and "Is the loss scale at its floor, or are steps overflowing?" in out
+    code, out, _ = _run(capsys, "troubleshoot", "--markdown")
+    assert code == 0 and out.startswith("## Troubleshooting")
+    code, _, err = _run(capsys, "troubleshoot", "bogus")
+    assert code == cli.BAD_INPUT and "non_finite_loss" in err
+
+
+def test_console_command_exit_code(tmp_path):
+    keras.config.set_dtype_policy("mixed_float16")
+    bad = _save(_overflow_model(), tmp_path, "bad")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, "-m", "keras_amp.cli", "check", bad, "--batch", _batch(tmp_path)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == cli.FINDINGS, done.stderr[-2000:]
+    assert "layer 'k'" in done.stdout

@@ -1,0 +1,252 @@
+"""find_overflow: the producing layer forward and backward, headroom, underflow; every model kind, XLA."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from keras_amp.diagnostics.overflow import find_overflow
+
+SCALE = 2.0**15
+
+
+class Gain(keras.layers.Layer):
+    """y = x * gain, applied as two factors sqrt(gain) (1e5 itself is not a float16 number)."""
+
+    def __init__(self, gain, **kwargs):
+        super().__init__(**kwargs)
+        self.gain = gain
+
+    def build(self, input_shape):
+        # A weight, not a constant: XLA would fold `x * c * c` into `x * (c * c)` = x * inf.
+        self.root = self.add_weight(shape=(), initializer=keras.initializers.Constant(math.sqrt(self.gain)),
+                                    trainable=False, name="root")
+
+    def call(self, x):
+        return x * self.root * self.root
+
+
+class Subclassed(keras.Model):
+    def __init__(self, gains, gain_dtype=None):
+        super().__init__(name="sub")
+        self.d0 = keras.layers.Dense(8, name="d0")
+        self.gains = [Gain(g, name=n, dtype=gain_dtype) for g, n in gains]
+        self.head = _head()
+
+    def call(self, x):
+        h = self.d0(x)
+        for layer in self.gains:
+            h = layer(h)
+        return self.head(h)
+
+
+# The planted layer "k" multiplies by 1e5. Followed by a 1e-5 layer, its forward output (~1e5)
+# overflows float16; preceded by it, the forward stays in range but the scaled gradient reaching
+# k (~1e3 at scale 2**15) overflows when k multiplies it by 1e5.
+FORWARD = [(1e5, "k"), (1e-5, "down")]
+BACKWARD = [(1e-5, "down"), (1e5, "k")]
+
+
+def _head():
+    # Small weights: the gradient reaching k is ~1e-3 of the scale (overflows at 2**15, not at 1).
+    return keras.layers.Dense(1, dtype="float32", name="head",
+                              kernel_initializer=keras.initializers.Constant(0.01))
+
+
+def _build(kind, gains, gain_dtype=None):
+    if kind == "subclassed":
+        model = Subclassed(gains, gain_dtype)
+        model(np.zeros((1, 8), "float32"))
+        return model, "k"
+    blocks = [Gain(g, name=n, dtype=gain_dtype) for g, n in gains]
+    if kind == "sequential":
+        return keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, name="d0"), *blocks,
+                                 _head()], name="seq"), "k"
+    inp = keras.Input((8,))
+    h = keras.layers.Dense(8, name="d0")(inp)
+    if kind == "nested":
+        h = keras.Sequential(blocks, name="block")(h)
+        path = "block/k"
+    else:
+        for layer in blocks:
+            h = layer(h)
+        path = "k"
+    return keras.Model(inp, _head()(h), name="fn"), path
+
+
+def _batch():
+    rng = np.random.default_rng(0)
+    return rng.uniform(0.5, 1.0, (16, 8)).astype("float32"), np.ones((16, 1), "float32")
+
+
+# Every model kind as a graph; XLA (jit_compile=True on the model) for functional and subclassed.
+CASES = [pytest.param(kind, False, id=f"{kind}-graph")
+         for kind in ("sequential", "functional", "nested", "subclassed")]
+CASES += [pytest.param(kind, True, id=f"{kind}-xla") for kind in ("functional", "subclassed")]
+
+
+@pytest.mark.parametrize("kind,jit", CASES)
+def test_forward_overflow_names_the_producing_layer(kind, jit):
+    keras.config.set_dtype_policy("mixed_float16")
+    model, path = _build(kind, FORWARD)
+    model.compile(loss="mse", jit_compile=jit)
+    x, y = _batch()
+    report = find_overflow(model, x, y, loss_scale=1024.0)
+    assert report.forward is not None and report.forward.layer == path, str(report)
+    # "down" and "head" pass the inf on (non-finite outputs) but are not blamed.
+    assert report.layer(path[:-1] + "down").nonfinite_output
+    assert report.layer("head").nonfinite_output
+    assert report.backward is None and "forward pass is already non-finite" in report.backward_note
+    assert report.offending_layers() == [path]
+    # Fixed: the 1e5 layer and the one bringing values back into range compute in float32.
+    keras.config.set_dtype_policy("mixed_float16")
+    fixed, _ = _build(kind, FORWARD, gain_dtype="float32")
+    fixed.compile(loss="mse", jit_compile=jit)
+    fixed_report = find_overflow(fixed, x, y, loss_scale=1024.0)
+    assert fixed_report.ok, str(fixed_report)
+    # Guard: the fixed model really carries ~1e5 activations in k, beyond float16's 65504.
+    assert fixed_report.layer(path).max_abs > 65504
+
+
+@pytest.mark.parametrize("kind,jit", CASES)
+def test_backward_overflow_names_the_producing_layer(kind, jit):
+    keras.config.set_dtype_policy("mixed_float16")
+    model, path = _build(kind, BACKWARD)
+    model.compile(loss="mse", jit_compile=jit)
+    x, y = _batch()
+    report = find_overflow(model, x, y, loss_scale=SCALE)
+    assert report.forward is None, str(report)
+    assert report.backward is not None and report.backward.layer == path, str(report)
+    assert report.backward.op.startswith("gradient_tape/")
+    # Guard: the forward pass really was finite everywhere, k included.
+    assert all(not s.nonfinite_output for s in report.layers)
+    # Fixed: a loss scale 2**13 times smaller (the decision tree's "lower the scale").
+    fixed = find_overflow(model, x, y, loss_scale=4.0)
+    assert fixed.ok, str(fixed)
+
+
+def test_headroom_and_max_activation_match_a_float64_reference():
+    keras.config.set_dtype_policy("mixed_float16")
+    model, _ = _build("functional", BACKWARD)
+    model.compile(loss="mse")
+    x, y = _batch()
+    report = find_overflow(model, x, y, loss_scale=1.0, training=False)
+    w, b = (v.astype("float64") for v in model.get_layer("d0").get_weights())
+    ref = np.abs(x.astype("float64") @ w + b).max()
+    d0 = report.layer("d0")
+    assert d0.compute_dtype == "float16" and d0.output_dtype == "float16"
+    np.testing.assert_allclose(d0.max_abs, ref, rtol=2e-3)  # float16 keeps ~11 bits
+    np.testing.assert_allclose(d0.headroom_bits, math.log2(65504.0 / ref), atol=3e-3)
+    head = report.layer("head")
+    assert head.output_dtype == "float32"
+    assert head.headroom_bits > 100  # float32's limit, 3.4e38
+
+
+def test_gradient_underflow_fraction_at_the_loss_scale():
+    keras.config.set_dtype_policy("mixed_float16")
+    inp = keras.Input((8,))
+    h = keras.layers.Dense(8, name="k")(inp)
+    # A float32 head with ~1e-8 weights: the gradient reaching k is ~1e-8, below float16's
+    # smallest subnormal (6e-8) at scale 1.
+    out = keras.layers.Dense(1, dtype="float32", name="head",
+                             kernel_initializer=keras.initializers.Constant(1e-8))(h)
+    model = keras.Model(inp, out)
+    model.compile(loss="mse")
+    x, y = _batch()
+    low = find_overflow(model, x, y, loss_scale=1.0)
+    assert low.ok
+    assert low.layer("k").gradients.zero_fraction == 1.0
+    assert low.layer("k").gradients.underflow_zero_fraction == 1.0
+    assert [s.path for s in low.underflowing()] == ["k"]
+    high = find_overflow(model, x, y, loss_scale=SCALE)
+    assert high.layer("k").gradients.zero_fraction == 0.0
+    assert high.underflowing() == []
+
+
+def test_model_state_is_left_as_it_was():
+    keras.config.set_dtype_policy("mixed_float16")
+    inp = keras.Input((8,))
+    h = keras.layers.Dense(8)(inp)
+    h = keras.layers.BatchNormalization(name="bn")(h)
+    model = keras.Model(inp, keras.layers.Dense(1, dtype="float32")(h))
+    model.compile(loss="mse")
+    x, y = _batch()
+    before = [v.numpy().copy() for v in model.variables]
+    report = find_overflow(model, x, y, loss_scale=1.0)
+    assert report.ok, str(report)
+    for a, v in zip(before, model.variables):
+        np.testing.assert_array_equal(a, v.numpy(), err_msg=v.path)
+    # Guard: a training-mode forward pass does move the batch-norm statistics.
+    model(x, training=True)
+    assert not np.array_equal(before[2], model.get_layer("bn").moving_mean.numpy()) or \
+        not np.array_equal(before[3], model.get_layer("bn").moving_variance.numpy())
+
+
+def test_non_finite_input_is_blamed_on_the_input():
+    keras.config.set_dtype_policy("mixed_float16")
+    model, _ = _build("functional", BACKWARD)
+    model.compile(loss="mse")
+    x, y = _batch()
+    x[3, 2] = np.nan
+    report = find_overflow(model, x, y)
+    assert report.forward.layer == "(input)"
+
+
+def test_labels_optional_and_bad_arguments():
+    keras.config.set_dtype_policy("mixed_float16")
+    model, _ = _build("functional", BACKWARD)
+    x, _ = _batch()
+    report = find_overflow(model, x, loss_scale=SCALE)  # uncompiled, no labels: mean of outputs
+    assert report.backward is not None and report.backward.layer == "k"
+    with pytest.raises(TypeError, match="model"):
+        find_overflow("model", x)
+    with pytest.raises(ValueError, match="loss_scale"):
+        find_overflow(model, x, loss_scale=-1.0)
+    with pytest.raises(ValueError, match="`y` is needed"):
+        find_overflow(model, x, loss="mse")
+    with pytest.raises(ValueError, match="A loss is needed"):
+        find_overflow(model, x, np.ones((16, 1), "float32"))
+
+
+def test_shared_layer_and_colliding_names_are_attributed_exactly():
+    # A layer "dense" called twice and a layer named "dense_1": TensorFlow names the scopes of
+    # the calls "dense", "dense_1" and "dense_1_<n>", so a scope name does not identify the
+    # layer. The overflow is planted in the layer named "dense_1".
+    keras.config.set_dtype_policy("mixed_float16")
+    inp = keras.Input((8,))
+    shared = keras.layers.Dense(8, name="dense", kernel_initializer=keras.initializers.Constant(0.125))
+    h = shared(shared(inp))
+    h = keras.layers.Dense(8, use_bias=False, name="dense_1",
+                           kernel_initializer=keras.initializers.Constant(1.25e4))(h)
+    model = keras.Model(inp, _head()(h), name="shared")
+    model.compile(loss="mse")
+    x, y = _batch()
+    report = find_overflow(model, x, y, loss_scale=1.0)
+    assert report.forward.layer == "dense_1" and report.forward.op_type == "MatMul", str(report)
+    # Guard: the producing op's name scope is not the layer's name (TF made it unique).
+    assert report.forward.op.split("/")[1] not in ("dense", "dense_1")
+    assert not report.layer("dense").nonfinite_output
+
+
+def test_embedding_recurrent_attention_and_dropout_models_run():
+    # Sparse gradients (Embedding), a while loop (LSTM), sublayers (MultiHeadAttention), dropout.
+    keras.config.set_dtype_policy("mixed_float16")
+    inp = keras.Input((6,), dtype="int32")
+    h = keras.layers.Embedding(50, 8, name="embed")(inp)
+    h = keras.layers.LSTM(8, return_sequences=True, name="lstm")(h)
+    h = keras.layers.MultiHeadAttention(2, 4, dropout=0.1, name="mha")(h, h)
+    h = keras.layers.GlobalAveragePooling1D()(h)
+    model = keras.Model(inp, _head()(h))
+    model.compile(loss="mse")
+    x = np.random.default_rng(0).integers(0, 50, (4, 6)).astype("int32")
+    report = find_overflow(model, x, np.ones((4, 1), "float32"), loss_scale=1.0)
+    assert report.ok, str(report)
+    paths = {s.path for s in report.layers}
+    assert {"embed", "lstm", "mha", "mha/query", "head"} <= paths
+    embed = report.layer("embed").gradients
+    assert embed.size == 50 * 8  # the sparse gradient, densified
+    # Rows not looked up are truly zero (zero at any scale): not underflow.
+    assert embed.zero_fraction > 0.5 and embed.underflow_zero_fraction == 0.0
+    assert "embed" not in [s.path for s in report.underflowing()]
+    assert report.layer("mha/query").gradients is not None

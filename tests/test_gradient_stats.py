@@ -1,0 +1,130 @@
+"""GradientStatistics: per-layer zero/subnormal/non-finite fractions and exponents, flags, TensorBoard."""
+
+import glob
+import json
+import logging as py_logging
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_amp
+from keras_amp.callbacks.gradient_stats import GradientStatistics
+from keras_amp.diagnostics import gradient_stats
+
+
+def _data(n=32):
+    rng = np.random.default_rng(0)
+    return rng.uniform(0.5, 1.0, (n, 8)).astype("float32"), rng.normal(size=(n, 1)).astype("float32")
+
+
+def _underflow_model():
+    # The float32 head's ~1e-8 weights make the gradient reaching "k" ~1e-9 at scale 1: below
+    # float16's smallest subnormal (6e-8), so k's weight gradients are all 0 in float16.
+    inp = keras.Input((8,))
+    h = keras.layers.Dense(8, name="k")(inp)
+    out = keras.layers.Dense(1, dtype="float32", name="head",
+                             kernel_initializer=keras.initializers.Constant(1e-8))(h)
+    return keras.Model(inp, out)
+
+
+def _fit(policy, initial_scale, **kwargs):
+    keras.config.set_dtype_policy(policy)
+    model = _underflow_model()
+    opt = keras.optimizers.SGD(0.0)
+    if policy == "mixed_float16":
+        opt = keras_amp.LossScaleOptimizer(opt, initial_scale=initial_scale, min_scale=1.0,
+                                           dynamic_growth_steps=10_000)
+    model.compile(optimizer=opt, loss="mse")
+    x, y = _data()
+    stats = GradientStatistics((x[:16], y[:16]), every_n_steps=2, **kwargs)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[stats])
+    return stats
+
+
+def test_planted_underflow_is_flagged_and_a_larger_scale_clears_it():
+    low = _fit("mixed_float16", 1.0)
+    assert [r["step"] for r in low.records] == [2, 4]
+    assert list(low.flagged) == ["k"]
+    k = {layer["path"]: layer for layer in low.records[0]["layers"]}["k"]
+    assert k["compute_dtype"] == "float16" and k["zero_fraction"] == 1.0
+    assert k["underflow_zero_fraction"] == 1.0  # zeros here, values at a 4096x larger scale
+    assert low.records[0]["loss_scale"] == 1.0
+    high = _fit("mixed_float16", 2.0**20)
+    assert high.flagged == {}
+    k = {layer["path"]: layer for layer in high.records[0]["layers"]}["k"]
+    assert k["zero_fraction"] == 0.0 and k["subnormal_fraction"] < 0.5
+    # Guard: the scale in force really was 2**20 (the probe reads the optimizer's scale).
+    assert high.records[0]["loss_scale"] == 2.0**20
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_same_gradients_do_not_underflow_with_float32_range(policy):
+    # bfloat16 has float32's exponent range: 1e-9 is a normal number there.
+    stats = _fit(policy, None)
+    assert stats.flagged == {}
+    k = {layer["path"]: layer for layer in stats.records[0]["layers"]}["k"]
+    assert k["compute_dtype"] == policy.replace("mixed_", "")
+    assert k["zero_fraction"] == 0.0 and k["min_exponent"] < -24  # below float16's range
+
+
+def test_classification_matches_a_float64_reference():
+    values = np.array([0.0, 1e-8, 3e-6, 6.2e-5, 1.0, -3.5, 65504.0, 1e5, np.nan, -np.inf, 2.0**-20],
+                      dtype="float64")
+    reference = values * 4096.0  # the same gradients at a 4096x larger scale
+    counts = {k: np.asarray(v) for k, v in gradient_stats.stats_tensors(
+        [tf.constant(values, tf.float32)], "float16", [tf.constant(reference, tf.float32)]).items()}
+    s = gradient_stats.from_counts("x", "float16", counts)
+    # Reference in float64: round to float16 first (what the compute dtype holds).
+    held = values.astype(np.float16).astype(np.float64)
+    finite = np.isfinite(held)
+    nonzero = finite & (held != 0)
+    tiny = 2.0**-14  # float16's smallest normal
+    assert s.size == values.size
+    assert s.zero_fraction == np.mean(held == 0)  # 0 and 1e-8 (below the smallest subnormal)
+    ref = reference.astype(np.float16).astype(np.float64)
+    lost = (held == 0) & np.isfinite(ref) & (ref != 0)
+    assert s.underflow_zero_fraction == np.mean(lost) == 1 / values.size  # 1e-8 only; 0 stays 0
+    assert s.subnormal_fraction == np.mean(nonzero & (np.abs(held) < tiny))  # 3e-6 and 2**-20
+    assert s.nonfinite_fraction == np.mean(~finite)  # 1e5 overflows, nan, -inf
+    exps = np.floor(np.log2(np.abs(held[nonzero]))).astype(int)
+    assert (s.min_exponent, s.max_exponent) == (exps.min(), exps.max()) == (-20, 15)
+    assert dict(s.exponent_histogram) == {int(e): int(n) for e, n in zip(*np.unique(exps, return_counts=True))}
+    # Guard: the edge cases were really present.
+    assert s.zero_fraction > 0 and s.subnormal_fraction > 0 and s.nonfinite_fraction > 0
+
+
+def test_records_in_logs_and_tensorboard(tmp_path, caplog):
+    caplog.set_level(py_logging.INFO, logger="absl")
+    stats = _fit("mixed_float16", 1.0, log_dir=str(tmp_path))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("GradientStatistics: {")]
+    assert len(lines) == 2
+    record = json.loads(lines[0][len("GradientStatistics: "):])
+    assert {layer["path"] for layer in record["layers"]} == {"k", "head"}
+    assert any("'k' float16: 100% underflowed/subnormal" in r.getMessage() for r in caplog.records)
+    scalars, hists = {}, {}
+    for path in glob.glob(os.path.join(str(tmp_path), "*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for v in event.summary.value:
+                array = tf.make_ndarray(v.tensor)
+                target = scalars if array.shape == () else hists
+                target.setdefault(v.tag, []).append((event.step, array))
+    assert [(step, float(a)) for step, a in scalars["gradients/k/zero_fraction"]] == [(2, 1.0), (4, 1.0)]
+    assert "gradients/head/max_exponent" in scalars and "gradients/k/min_exponent" not in scalars
+    step, buckets = hists["gradients/head/exponent"][0]
+    head = {layer["path"]: layer for layer in stats.records[0]["layers"]}["head"]
+    assert step == 2 and buckets.shape[1] == 3
+    assert {int(left): int(n) for left, _, n in buckets} == {int(e): n for e, n in head["exponent_histogram"].items()}
+
+
+def test_no_work_between_firings_and_bad_arguments():
+    stats = _fit("mixed_float16", 1.0)
+    assert len(stats.records) == 2  # 4 steps, every 2
+    with pytest.raises(TypeError, match="probe"):
+        GradientStatistics([1, 2])
+    with pytest.raises(ValueError, match="every_n_steps"):
+        GradientStatistics((np.zeros((1, 8)),), every_n_steps=0)
+    with pytest.raises(ValueError, match="threshold"):
+        GradientStatistics((np.zeros((1, 8)),), threshold=1.5)

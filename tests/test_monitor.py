@@ -1,0 +1,282 @@
+"""LossScaleMonitor: metrics in History and TensorBoard, reads only at log points, symptoms, diagnoses."""
+
+import glob
+import os
+import time
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_amp
+from keras_amp.callbacks import LossScaleMonitor
+from keras_amp.diagnostics import symptoms
+
+
+def _model(gain_dtype=None):
+    # k multiplies the (positive) inputs by ~1e5 through its kernel: ~7.5e4 > 65504 in float16.
+    # A matmul, not scalar multiplies: grappler may reassociate x * a * b, never a matmul.
+    inp = keras.Input((8,))
+    h = keras.layers.Dense(8, use_bias=False, name="k", dtype=gain_dtype,
+                           kernel_initializer=keras.initializers.Constant(1.25e4))(inp)
+    h = keras.layers.Dense(8, use_bias=False, name="down", dtype=gain_dtype,
+                           kernel_initializer=keras.initializers.Constant(1.25e-5))(h)
+    out = keras.layers.Dense(1, dtype="float32", name="head")(h)
+    return keras.Model(inp, out, name="m")
+
+
+def _data(n=64, poison_row=None):
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.5, 1.0, (n, 8)).astype("float32")
+    y = rng.normal(size=(n, 1)).astype("float32")
+    if poison_row is not None:
+        x[poison_row] = np.inf
+    return x, y
+
+
+def _plain_model():
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(8), keras.layers.Dense(1, dtype="float32")])
+
+
+class _Recorder(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.batch_logs = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batch_logs.append(dict(logs))
+
+
+def _events(log_dir):
+    values = {}
+    for path in glob.glob(os.path.join(log_dir, "train", "*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for v in event.summary.value:
+                array = tf.make_ndarray(v.tensor)
+                if array.shape == () and array.dtype.kind == "f":  # scalars (not the model config)
+                    values.setdefault(v.tag, []).append(float(array))
+    return values
+
+
+def _fit_overflowing(callbacks):
+    keras.config.set_dtype_policy("mixed_float16")
+    model = _plain_model()
+    opt = keras_amp.LossScaleOptimizer(keras.optimizers.Adam(1e-3), initial_scale=256.0)
+    model.compile(optimizer=opt, loss="mse")
+    x, y = _data(poison_row=40)  # batch 5 of 8 overflows in every epoch
+    return model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False, callbacks=callbacks)
+
+
+def test_metrics_in_history_and_own_tensorboard_events(tmp_path):
+    monitor = LossScaleMonitor(log_every=3, log_dir=str(tmp_path / "train"))
+    history = _fit_overflowing([monitor])
+    h = history.history
+    assert h["loss_scale"] == [128.0, 64.0]
+    assert h["overflow_count"] == [1, 2] and h["skipped_steps"] == [1, 2]
+    assert h["overflows_since_log"] == [1, 1]
+    # A second fit counts its own overflows: 1 per epoch again, not the 2 of the first fit.
+    model = monitor.model
+    again = model.fit(*_data(poison_row=40), batch_size=8, epochs=1, verbose=0, shuffle=False,
+                      callbacks=[LossScaleMonitor(log_every=3)])
+    assert again.history["overflows_since_log"] == [1] and again.history["overflow_count"] == [3]
+    events = _events(str(tmp_path))
+    assert events["epoch_loss_scale"] == [128.0, 64.0]
+    assert events["epoch_overflow_count"] == [1.0, 2.0]
+    assert events["epoch_overflows_since_log"] == [1.0, 1.0]
+    # Log points at batches 3, 6, 9, 12, 15; the overflow of batch 5 shows at 6, that of 13 at 15.
+    assert events["batch_overflow_count"] == [0.0, 1.0, 1.0, 1.0, 2.0]
+    assert events["batch_loss_scale"] == [256.0, 128.0, 128.0, 128.0, 64.0]
+
+
+def test_metrics_reach_keras_tensorboard_callback(tmp_path):
+    pytest.importorskip("tensorboard", reason="keras.callbacks.TensorBoard needs the tensorboard package")
+    _fit_overflowing([LossScaleMonitor(log_every=3), keras.callbacks.TensorBoard(str(tmp_path))])
+    events = _events(str(tmp_path))
+    assert events["epoch_loss_scale"] == [128.0, 64.0]
+    assert events["epoch_overflow_count"] == [1.0, 2.0]
+    assert events["epoch_skipped_steps"] == [1.0, 2.0]
+
+
+def test_state_is_read_only_at_log_points(monkeypatch):
+    keras.config.set_dtype_policy("mixed_float16")
+    model = _plain_model()
+    opt = keras_amp.LossScaleOptimizer(keras.optimizers.Adam(1e-3), initial_scale=256.0)
+    model.compile(optimizer=opt, loss="mse")
+    reads = []
+    original = opt.host_check
+
+    def counting():
+        reads.append(int(opt.total_steps.numpy()))
+        return original()
+
+    monkeypatch.setattr(opt, "host_check", counting)
+    recorder = _Recorder()
+    x, y = _data(poison_row=40)
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False,
+              callbacks=[LossScaleMonitor(log_every=3), recorder])
+    # Log points: batches 3, 6 | 9, 12, 15 (counted over epochs), 2 epoch ends, train end.
+    assert reads == [3, 6, 8, 9, 12, 15, 16, 16]
+    logs = recorder.batch_logs
+    assert "loss_scale" not in logs[0] and "loss_scale" in logs[2]
+    # Between log points the logs carry the values last read, as Python numbers (no tensor reads).
+    assert all(type(entry["loss_scale"]) is float for entry in logs[2:])
+    assert logs[3]["overflow_count"] == logs[2]["overflow_count"] == 0
+    assert logs[5]["overflow_count"] == 1 and logs[5]["overflows_since_log"] == 1
+    assert logs[8]["overflow_count"] == 1 and logs[8]["overflows_since_log"] == 0
+
+
+@pytest.mark.parametrize("on_nan", ["warn", "stop"])
+def test_forced_nan_prints_the_diagnosis_naming_the_layer(on_nan):
+    keras.config.set_dtype_policy("mixed_float16")
+    model = _model()
+    opt = keras_amp.LossScaleOptimizer(keras.optimizers.SGD(1e-3), initial_scale=1.0, min_scale=1.0,
+                                       on_min_scale="ignore")
+    model.compile(optimizer=opt, loss="mse")
+    x, y = _data()
+    monitor = LossScaleMonitor(log_every=2, on_nan=on_nan, probe=(x[:16], y[:16]))
+    recorder = _Recorder()
+    with pytest.warns(keras_amp.AmpWarning, match="diagnosis: The loss is NaN or inf") as caught:
+        history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False,
+                            callbacks=[monitor, recorder])
+    text = str(monitor.diagnoses[0])
+    names = [d.symptom.name for d in monitor.diagnoses]
+    # A symptom seen at the first log point; the scale sitting at its floor needs two.
+    assert names == (["non_finite_loss"] if on_nan == "stop" else ["non_finite_loss", "scale_at_floor"])
+    assert "Does the forward pass itself produce the inf/NaN? -> yes" in text
+    assert "Compute 'k' in float32" in text
+    assert any("Compute 'k' in float32" in str(w.message) for w in caught)
+    if on_nan == "stop":
+        assert len(recorder.batch_logs) == 2 and len(history.epoch) == 1  # stopped at the first log point
+    else:
+        assert len(recorder.batch_logs) == 16 and len(history.epoch) == 2
+    # Guard: every step really overflowed (the scale sat at its floor of 1).
+    assert int(opt.overflow_count.numpy()) == len(recorder.batch_logs)
+
+
+def test_fixed_model_gives_no_diagnosis():
+    keras.config.set_dtype_policy("mixed_float16")
+    model = _model(gain_dtype="float32")
+    # Learning rate 0: SGD diverges on a 1e5 gain in any precision; the test is about numerics.
+    opt = keras_amp.LossScaleOptimizer(keras.optimizers.SGD(0.0), initial_scale=1.0, min_scale=1.0)
+    model.compile(optimizer=opt, loss="mse")
+    x, y = _data()
+    monitor = LossScaleMonitor(log_every=2, on_nan="stop", probe=(x[:16], y[:16]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", keras_amp.AmpWarning)
+        history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False, callbacks=[monitor])
+    assert monitor.diagnoses == [] and len(history.epoch) == 2
+    assert all(np.isfinite(history.history["loss"]))
+
+
+def test_zero_gradients_diagnosed_as_underflow_and_cleared_by_a_larger_scale():
+    keras.config.set_dtype_policy("mixed_float16")
+    x, y = _data()
+
+    def run(initial_scale):
+        inp = keras.Input((8,))
+        h = keras.layers.Dense(8, name="k")(inp)
+        out = keras.layers.Dense(1, dtype="float32", name="head",
+                                 kernel_initializer=keras.initializers.Constant(1e-8))(h)
+        model = keras.Model(inp, out)
+        opt = keras_amp.LossScaleOptimizer(keras.optimizers.SGD(0.0), initial_scale=initial_scale,
+                                           min_scale=1.0, dynamic_growth_steps=10_000)
+        model.compile(optimizer=opt, loss="mse")
+        monitor = LossScaleMonitor(log_every=2, probe=(x[:16], y[:16]), zero_grad_steps=4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", keras_amp.AmpWarning)
+            model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[monitor])
+        return monitor.diagnoses
+
+    low = run(1.0)
+    assert [d.symptom.name for d in low] == ["zero_gradients"]
+    assert "'k'" in low[0].detail
+    assert ("Do the zeros underflow (fewer zeros at a larger loss scale)?", "yes") in low[0].steps
+    assert any(a.startswith("Raise the loss scale") for a in low[0].actions)
+    assert run(2.0**15) == []
+
+
+def _bare_monitor(**kwargs):
+    keras.config.set_dtype_policy("float32")
+    monitor = LossScaleMonitor(**kwargs)
+    model = _plain_model()
+    model.compile(optimizer="sgd", loss="mse")
+    monitor.set_model(model)
+    monitor.on_train_begin()
+    return monitor
+
+
+def test_validation_swing():
+    monitor = _bare_monitor(val_swing=0.5)
+    monitor._memory_reader = lambda: ("rss", 100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", keras_amp.AmpWarning)
+        for epoch, (val, acc) in enumerate([(1.0, 0.5), (1.2, 0.55), (3.0, 0.2)]):
+            monitor.on_epoch_end(epoch, {"loss": 1.0, "val_loss": val, "val_accuracy": acc})
+    (d,) = monitor.diagnoses
+    assert d.symptom.name == "validation_swing"
+    assert "val_loss 1.2 -> 3" in d.detail and "val_accuracy 0.55 -> 0.2" in d.detail
+
+
+def test_memory_growth():
+    monitor = _bare_monitor(memory_epochs=3)
+    readings = iter([100, 90, 100, 110, 120, 130])  # rises at 4 epoch ends; needs 3 in a row
+    monitor._memory_reader = lambda: ("rss", next(readings) * 2**20)
+    seen = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", keras_amp.AmpWarning)
+        for epoch in range(6):
+            monitor.on_epoch_end(epoch, {"loss": 1.0})
+            seen.append(len(monitor.diagnoses))
+    assert seen == [0, 0, 0, 0, 1, 1]
+    assert monitor.diagnoses[0].symptom.name == "memory_growth"
+    assert "90.0 MiB -> 120.0 MiB" in monitor.diagnoses[0].detail
+    assert monitor._memory_reader is not keras_amp.callbacks.loss_scale.memory_in_use
+    kind, used = keras_amp.callbacks.loss_scale.memory_in_use()
+    assert kind == "rss" and used > 10 * 2**20  # this process holds TensorFlow
+
+
+def test_step_time_jump():
+    monitor = _bare_monitor(log_every=1, step_time_factor=3.0)
+    monitor.on_epoch_begin(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", keras_amp.AmpWarning)
+        for batch in range(10):
+            time.sleep(0.002 if batch < 7 else 0.05)
+            monitor.on_train_batch_end(batch, {})
+            if batch == 7:
+                assert monitor.diagnoses == []  # guard: steady steps, then one slow one, raise nothing
+    (d,) = monitor.diagnoses
+    assert d.symptom.name == "step_time_jump"
+    assert "input pipeline" in " ".join(d.actions)
+
+
+def test_old_name_and_arguments():
+    assert LossScaleMonitor(check_every=7).log_every == 7
+    with pytest.raises(ValueError, match="on_nan"):
+        LossScaleMonitor(on_nan="raise")
+    with pytest.raises(TypeError, match="log_every"):
+        LossScaleMonitor(log_every="10")
+    with pytest.raises(ValueError, match="log_every"):
+        LossScaleMonitor(log_every=0)
+    with pytest.raises(TypeError, match="probe"):
+        LossScaleMonitor(probe=[1, 2])
+
+
+def test_decision_tree_is_one_table_for_every_printer():
+    names = {s.name for s in symptoms.SYMPTOMS}
+    assert names == {"non_finite_loss", "zero_gradients", "scale_at_floor", "validation_swing",
+                     "memory_growth", "step_time_jump"}
+    ids = {n.id for n in symptoms.NODES}
+    for node in symptoms.NODES:  # every branch leads somewhere, every leaf acts
+        assert (node.yes in ids and node.no in ids) if not node.is_leaf else node.actions
+    markdown, text = symptoms.render_markdown(), symptoms.render_text()
+    for node in symptoms.NODES:
+        for line in (node.question,) if not node.is_leaf else ():
+            assert line in markdown and line in text
+    d = symptoms.diagnose("non_finite_loss", {"scale_at_floor_or_overflowing": True, "forward_overflow": False},
+                          half_scale="16384")
+    assert d.actions[0] == "Lower the initial loss scale 2x: LossScaleOptimizer(..., initial_scale=16384)."
+    unknown = symptoms.diagnose("non_finite_loss", {})
+    assert len(unknown.actions) > len(d.actions) and "unknown" in unknown.steps[0][1]
