@@ -1,22 +1,35 @@
-"""Per-layer precision recipes: recipe + deny list + user rules -> one policy per layer -> a clone.
+"""Per-layer precision recipes: recipe + deny list + user rules -> one policy per layer, set in place.
 
-`plan_recipe()` decides, `apply_recipe()` rebuilds the model with `keras.models.clone_model`,
-each layer re-created from its config with its planned `DTypePolicy` (and, where the recipe
-needs a float32 island inside a layer, as the `keras_amp.layers` subclass), then copies the
-weights. The decisions, in order, the later one winning:
+`plan_recipe()` decides; `apply_recipe()` sets each layer's `dtype_policy` on the model it is
+given (no clone, no `get_config()` round trip), so it works on Sequential, functional (operator
+nodes included), nested and subclassed models and on third-party layers. The decisions, for every
+layer `model_graph.walk()` reaches, parents before children, the later one winning:
 
-    1. recipe role   "cnn":         first and last layers float32, everything else compute dtype
-                     "transformer": MultiHeadAttention -> keras_amp's (scores/softmax float32),
-                                    output head float32, everything else compute dtype
-                     "rnn":         LSTM/GRU -> keras_amp's (gates, cell state float32),
-                                    sequence output layer float32, everything else compute dtype
+    0. default       a layer's parent's planned policy (the model's: the compute dtype), so a
+                     float32 block is float32 all through and MultiHeadAttention's projections,
+                     an RNN's cell and a wrapper's inner layer follow their parent
+    1. recipe role   "cnn":         first and last layers float32
+                     "transformer": nothing beyond the compute dtype: attention scores are
+                                    float32 by keras_amp's op rules, logits and loss by the loss
+                     "rnn":         LSTM/GRU/any RNN and Bidirectional float32 (gates, cell state
+                                    and recurrent matmuls), the sequence output layer float32
     2. deny list     softmax, normalisation, exp/log-type activations, activity-regularizer
-                     losses -> float32 (stock `Softmax` -> keras_amp's)
-    3. user rules    layer class or name/path regex -> policy; the layer keeps its class
+                     losses -> float32
+    3. user rules    layer class or name/path regex -> policy
+
+Roles and the deny list change a layer's output dtype, which Keras handles between the layers of
+a Sequential or functional graph but a subclassed model's or a composite layer's own code may
+not (`float32 + bfloat16` is an error in TF). So a layer called from such code keeps the dtype
+relation to its parent it was built with: it follows its parent, or, built in another dtype than
+a 16-bit parent (keras-hub's float32 softmax in its attention layers), stays as built; its
+deny-list ops are computed in float32 by keras_amp's op rules instead. An RNN there that the
+"rnn" recipe would make float32 is an error naming the layer, unless a rule decides it.
+
+Left as built: keras_amp's float32 islands (`model_graph.Float32Island`), non-float layers
+(lookups, tokenizers) and quantized layers.
 
 "First"/"last" layers are those reached from the inputs (outputs) through parameter-free layers
-up to the first layer with weights, so `Rescaling -> Conv2D` or `Dense -> Activation("softmax")`
-are one region.
+and operator nodes up to the first layer with weights (`model_graph.boundary`).
 """
 
 from __future__ import annotations
@@ -28,50 +41,14 @@ from typing import Any, Mapping
 import keras
 from absl import logging
 
-from keras_amp import layers as amp_layers
+from keras_amp import model_graph
 from keras_amp import policy as amp_policy
+from keras_amp import validation
 
 RECIPES = ("cnn", "rnn", "transformer")
-RULE_POLICIES = ("bfloat16", "float16", "float32", "mixed_bfloat16", "mixed_float16")
+# Mixed or float32 only: layers keep their float32 variables (a pure 16-bit policy would need new ones).
+RULE_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 FLOAT32 = "float32"
-
-# Activations by the op type that makes them unsafe in 16 bits. Softmax-type: the normaliser
-# is a long sum of exponentials that loses precision in 16 bits (and inputs near float16's
-# range overflow). Exp/log-type: exp(x) overflows float16 for x > 11.09.
-SOFTMAX_ACTIVATIONS = (keras.activations.softmax, keras.activations.log_softmax)
-EXP_ACTIVATIONS = (keras.activations.exponential, keras.activations.softplus, keras.activations.log_sigmoid)
-CONV_LAYERS = amp_policy.CONV_LAYERS
-_NORMALIZATION_NAME = re.compile(r".*Norm(alization)?")
-# Stock layers the recipes replace by the keras_amp subclass that keeps the island inside
-# (same weights, so they carry over).
-_REPLACEMENTS = {
-    keras.layers.MultiHeadAttention: amp_layers.MultiHeadAttention,
-    keras.layers.LSTM: amp_layers.LSTM,
-    keras.layers.GRU: amp_layers.GRU,
-    keras.layers.Softmax: amp_layers.Softmax,
-}
-
-
-def op_kind(layer: keras.layers.Layer) -> str | None:
-    """The deny-list op type `layer` computes ("softmax", "normalization", "exp", "loss"), or None.
-
-    Normalisation layers are recognised by class (Keras's) or by a class name ending in "Norm" /
-    "Normalization" (user-written ones); "loss" is a layer with an activity regularizer, whose
-    penalty (e.g. sum of squares) is computed in the layer's compute dtype.
-    """
-    if isinstance(layer, keras.layers.Wrapper) and not isinstance(layer, amp_layers.Float32):
-        return op_kind(layer.layer)  # TimeDistributed(Dense(activation="softmax")) is a softmax
-    activation = getattr(layer, "activation", None)
-    if isinstance(layer, keras.layers.Softmax) or any(activation is f for f in SOFTMAX_ACTIVATIONS):
-        return "softmax"
-    if any(activation is f for f in EXP_ACTIVATIONS):
-        return "exp"
-    if any(_NORMALIZATION_NAME.fullmatch(cls.__name__) for cls in type(layer).__mro__[:-1]):
-        if not isinstance(layer, keras.Model):
-            return "normalization"
-    if getattr(layer, "activity_regularizer", None) is not None:
-        return "loss"
-    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,24 +56,21 @@ class LayerPolicy:
     """One layer's planned policy.
 
     Args:
-        path: String. The layer's name, prefixed by enclosing model names ("block/conv").
-        layer_class: String. The class the layer has now.
-        policy: String. The dtype policy name the layer will get.
-        reason: String. Which recipe role, deny-list entry or rule decided it.
-        replace_with: String or None. The keras_amp class the layer (or the RNNs inside a
-            Bidirectional) is rebuilt as, if any.
+        path: String. The layer's path below the model ("block/attention/query").
+        layer_class: String. The layer's class name.
+        policy: String. The dtype policy name the layer will have.
+        reason: String. Which default, recipe role, deny-list entry or rule decided it.
     """
 
     path: str
     layer_class: str
     policy: str
     reason: str
-    replace_with: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class RecipePlan:
-    """The per-layer policies `apply_recipe` will set, in model order."""
+    """The per-layer policies `apply_recipe` sets, parents before children."""
 
     recipe: str
     compute_policy: str
@@ -116,38 +90,24 @@ class RecipePlan:
     def __str__(self) -> str:
         lines = [f"recipe {self.recipe!r}, compute policy {self.compute_policy}:"]
         for e in self.layers:
-            cls = e.layer_class + (f" -> keras_amp.layers.{e.replace_with}" if e.replace_with else "")
-            lines.append(f"  {e.path:<28} {cls:<42} {e.policy:<15} {e.reason}")
+            lines.append(f"  {e.path:<36} {e.layer_class:<28} {e.policy:<15} {e.reason}")
         return "\n".join(lines)
 
 
-def _check_recipe(recipe: Any) -> None:
-    if not isinstance(recipe, str):
-        raise TypeError(
-            f"`recipe` must be a string. Received: recipe={recipe!r} of type {type(recipe).__name__}. "
-            f"Allowed: {', '.join(RECIPES)}"
-        )
-    if recipe not in RECIPES:
-        raise ValueError(f"Unknown `recipe`. Received: recipe={recipe!r}. Allowed: {', '.join(RECIPES)}")
-
-
-def _check_rules(rules: Any) -> list[tuple[Any, str]]:
-    """Validates `rules`; returns (compiled regex or layer class, policy name) pairs in order."""
+def _check_rules(rules: Any) -> list[tuple[Any, str, str]]:
+    """Validates `rules`; returns (layer class or compiled regex, policy name, shown key) in order."""
     if rules is None:
         return []
-    if not isinstance(rules, Mapping):
-        raise TypeError(
-            "`rules` must be None or a mapping of layer class or name regex to policy. "
-            f"Received: rules={rules!r} of type {type(rules).__name__}"
-        )
+    validation.check_type("rules", rules, Mapping, "None or a mapping of layer class or name regex to policy")
     checked = []
     for key, value in rules.items():
-        if isinstance(value, keras.DTypePolicy) and type(value) is keras.DTypePolicy:
+        if type(value) is keras.DTypePolicy:
             value = value.name
         if not isinstance(value, str) or value not in RULE_POLICIES:
             raise ValueError(
-                f"Each `rules` value must be a float dtype policy. Received: rules[{key!r}]={value!r}. "
-                f"Allowed: {', '.join(RULE_POLICIES)} (or a keras.DTypePolicy of one)"
+                "Each `rules` value must be float32 or a mixed policy (layers keep their float32 "
+                f"variables). Received: rules[{key!r}]={value!r}. Allowed: {', '.join(RULE_POLICIES)} "
+                "(or a keras.DTypePolicy of one)"
             )
         if isinstance(key, type):
             if not issubclass(key, keras.layers.Layer):
@@ -155,12 +115,12 @@ def _check_rules(rules: Any) -> list[tuple[Any, str]]:
                     "Each `rules` key must be a keras.layers.Layer subclass or a name regex. "
                     f"Received: rules key {key!r}"
                 )
-            checked.append((key, value))
+            checked.append((key, value, key.__name__))
         elif isinstance(key, str):
             try:
-                checked.append((re.compile(key), value))
+                checked.append((re.compile(key), value, key))
             except re.error as e:
-                raise ValueError(f"`rules` key is not a valid regex ({e}). Received: rules key {key!r}") from e
+                raise ValueError(f"`rules` key must be a valid regex ({e}). Received: rules key {key!r}") from e
         else:
             raise TypeError(
                 "Each `rules` key must be a keras.layers.Layer subclass or a name regex string. "
@@ -174,180 +134,131 @@ def _compute_policy() -> str:
     return config.policy if config is not None else keras.config.dtype_policy().name
 
 
-def _is_model_graph(layer: Any) -> bool:
-    return isinstance(layer, keras.Sequential) or (
-        isinstance(layer, keras.Model) and hasattr(layer, "_nodes_by_depth")
-    )
+def _left_as_built(layer: Any) -> str | None:
+    """Why `layer` keeps its own policy, or None when the plan decides it."""
+    if model_graph.is_island(layer):
+        return "float32 island: kept as built"
+    policy = layer.dtype_policy
+    if getattr(policy, "quantization_mode", None) is not None:
+        return "quantized layer: kept as built"
+    if not keras.backend.is_float_dtype(layer.compute_dtype):
+        return f"{layer.compute_dtype} layer: kept as built"
+    return None
 
 
-def _graph(model: keras.Model) -> tuple[list, dict, dict, list, list]:
-    """Layers in order, predecessors, successors, input-fed and output-producing layers.
-
-    Uses Keras 3.15 internals (`_nodes_by_depth`, `Node.parent_nodes`, `_keras_history`), the
-    only record of a functional model's graph; tests/test_keras_guards_recipes.py guards them.
-    """
-    if isinstance(model, keras.Sequential):
-        layers = [l for l in model.layers if not isinstance(l, keras.layers.InputLayer)]
-        preds = {id(l): [p] for p, l in zip(layers, layers[1:])}
-        succs = {id(p): [l] for p, l in zip(layers, layers[1:])}
-        return layers, preds, succs, layers[:1], layers[-1:]
-    preds: dict[int, list] = {}
-    succs: dict[int, list] = {}
-    for nodes in model._nodes_by_depth.values():
-        for node in nodes:
-            op = node.operation
-            for parent in node.parent_nodes:
-                if not isinstance(parent.operation, keras.layers.InputLayer):
-                    preds.setdefault(id(op), []).append(parent.operation)
-                    succs.setdefault(id(parent.operation), []).append(op)
-    layers = [l for l in model.layers if not isinstance(l, keras.layers.InputLayer)]
-    firsts = [
-        l for l in layers
-        if any(isinstance(p.operation, keras.layers.InputLayer) for n in l._inbound_nodes for p in n.parent_nodes)
-    ]
-    lasts = []
-    for tensor in keras.tree.flatten(model.outputs):
-        op = tensor._keras_history.operation
-        if op not in lasts and not isinstance(op, keras.layers.InputLayer):
-            lasts.append(op)
-    return layers, preds, succs, firsts, lasts
+def _role(recipe: str, layer: Any, first: bool, last: bool) -> str | None:
+    """The recipe's float32 role for `layer`, or None."""
+    if recipe == "cnn" and first:
+        return "cnn: first layer"
+    if recipe == "cnn" and last:
+        return "cnn: last layer"
+    if recipe == "rnn":
+        if isinstance(layer, keras.layers.Bidirectional):
+            inner = (layer.forward_layer, layer.backward_layer)
+            if not all(model_graph.is_island(i) for i in inner):
+                return "rnn: recurrence (gates, cell state and recurrent matmuls)"
+        elif isinstance(layer, keras.layers.RNN):
+            return "rnn: recurrence (gates, cell state and recurrent matmuls)"
+        if last:
+            return "rnn: sequence output layer"
+    return None
 
 
-def _region(model: keras.Model, first: bool) -> set[int]:
-    """ids of the leaf layers from the inputs (first) or outputs (not first) up to the first weighted layer."""
-    _, preds, succs, firsts, lasts = _graph(model)
-    step = succs if first else preds
-    found: set[int] = set()
-    stack, seen = list(firsts if first else lasts), set()
-    while stack:
-        layer = stack.pop()
-        if id(layer) in seen:
-            continue
-        seen.add(id(layer))
-        if _is_model_graph(layer):
-            found |= _region(layer, first)
-            if layer.weights:
-                continue
-        else:
-            found.add(id(layer))
-            if layer.weights:
-                continue
-        stack.extend(step.get(id(layer), []))
-    return found
+def _is_16bit(dtype: str) -> bool:
+    return dtype in ("float16", "bfloat16")
 
 
-def _leaves(model: keras.Model, prefix: str = "") -> list[tuple[str, keras.layers.Layer]]:
-    """(path, layer) for every layer clone_model(recursive=True) passes to clone_function."""
-    out = []
-    for layer in _graph(model)[0]:
-        path = f"{prefix}{layer.name}"
-        if _is_model_graph(layer):
-            out.extend(_leaves(layer, prefix=f"{path}/"))
-        else:
-            out.append((path, layer))
-    return out
+_RAISE = "raise: "
 
 
-def _replacement(layer: keras.layers.Layer) -> str | None:
-    """Name of the keras_amp class to rebuild `layer` (or its Bidirectional RNNs) as, or None."""
-    # Exact class only: a user's subclass of MultiHeadAttention carries code a swap would drop.
-    if isinstance(layer, keras.layers.Bidirectional):
-        inner = {type(layer.forward_layer), type(layer.backward_layer)}
-        cls = _REPLACEMENTS.get(inner.pop()) if len(inner) == 1 else None
-    else:
-        cls = _REPLACEMENTS.get(type(layer))
-    return cls.__name__ if cls else None
-
-
-def _retarget_wrapped(config: dict, policy: keras.DTypePolicy, cls: type | None) -> None:
-    """Gives the layers serialized inside a wrapper's config the wrapper's policy (and class).
-
-    A wrapper (TimeDistributed, Bidirectional) rebuilds its inner layers from their own configs,
-    dtype included, so setting only the wrapper's policy would leave them computing as before.
-    """
-    for key in ("layer", "backward_layer"):
-        inner = config.get(key)
-        if isinstance(inner, dict) and isinstance(inner.get("config"), dict):
-            inner["config"]["dtype"] = keras.saving.serialize_keras_object(policy)
-            if cls is not None:
-                inner.update(
-                    module=cls.__module__,
-                    class_name=cls.__name__,
-                    registered_name=keras.saving.get_registered_name(cls),
-                )
-
-
-def _recipe_decision(recipe: str, layer, is_first: bool, is_last: bool, compute: str) -> tuple[str, str, str | None]:
-    if recipe == "cnn":
-        if is_first:
-            return FLOAT32, "cnn: first layer", None
-        if is_last:
-            return FLOAT32, "cnn: last layer", None
-        if isinstance(layer, CONV_LAYERS):
-            return compute, "cnn: convolution", None
-        return compute, "cnn: compute dtype", None
-    if is_last:
-        return FLOAT32, "transformer: output head" if recipe == "transformer" else "rnn: sequence output layer", None
-    if recipe == "transformer" and isinstance(layer, keras.layers.MultiHeadAttention):
-        return compute, "transformer: attention (scores and softmax float32)", _replacement(layer)
-    if recipe == "rnn" and isinstance(layer, (keras.layers.LSTM, keras.layers.GRU, keras.layers.Bidirectional)):
-        return compute, "rnn: recurrence (gates and cell state float32)", _replacement(layer)
-    return compute, f"{recipe}: compute dtype", None
-
-
-def _plan(model: Any, recipe: str, rules: Any) -> tuple[RecipePlan, dict[int, LayerPolicy]]:
-    _check_recipe(recipe)
-    checked_rules = _check_rules(rules)
-    if not isinstance(model, keras.Model):
-        raise TypeError(f"`model` must be a keras.Model. Received: model of type {type(model).__name__}")
-    if not _is_model_graph(model):
-        raise TypeError(
-            "apply_recipe needs a Sequential or functional model: a subclassed model's layer graph is "
-            f"not known to Keras, so it cannot be cloned. Received: model of type {type(model).__name__}. "
-            "Build its layers with `dtype=` / keras_amp.layers, or wrap its layers in a functional model."
+def _decide(recipe, layer, parent, model, planned, first, last, compute) -> tuple[str, str]:
+    """`layer`'s policy and reason from its parent, the recipe and the deny list (rules come after)."""
+    inherited = planned.get(id(parent), compute)
+    role = _role(recipe, layer, id(layer) in first, id(layer) in last)
+    kind = model_graph.op_kind(layer)
+    if model_graph.is_graph(parent):
+        # Keras casts between the layers of a graph (inputs are autocast, operator nodes promote),
+        # so a layer's output dtype may change freely here.
+        if kind is not None:
+            return FLOAT32, f"deny list: {kind}"
+        if role is not None:
+            return FLOAT32, role
+        return inherited, f"{recipe}: compute dtype" if parent is model else f"as its parent {parent.name!r}"
+    # Called from a subclassed model's or a composite layer's own code, which may mix its output
+    # with other tensors (TF adds no implicit casts: float32 + bfloat16 is an error), a layer keeps
+    # the dtype relation to its parent it was built with.
+    if _is_16bit(parent.compute_dtype) and layer.compute_dtype != parent.compute_dtype:
+        return layer.dtype_policy.name, f"kept: built {layer.compute_dtype} inside a {parent.compute_dtype} parent"
+    if kind is not None:
+        return inherited, (
+            f"deny list: {kind}, computed in float32 by keras_amp's op rules; keeps the policy of "
+            f"{parent.name!r}, whose own code may not take a float32 output"
         )
+    if role is not None and inherited != FLOAT32:
+        if isinstance(layer, (keras.layers.RNN, keras.layers.Bidirectional)):
+            return FLOAT32, _RAISE + role
+        return inherited, f"{role}: not applied inside {parent.name!r}'s own code (output dtype kept)"
+    return inherited, f"as its parent {parent.name!r}"
+
+
+def _plan(model: Any, recipe: str, rules: Any) -> tuple[RecipePlan, list[tuple[Any, LayerPolicy]]]:
+    validation.check_choice("recipe", recipe, RECIPES)
+    checked_rules = _check_rules(rules)
+    validation.check_type("model", model, keras.Model, "a keras.Model")
     if not model.built:
         raise ValueError(
-            f"`model` must be built (give it an Input or call it once). Received: model={model.name!r}, built=False"
+            "`model` must be built (give it an Input or call it on a batch once). "
+            f"Received: model={model.name!r}, built=False"
         )
     compute = _compute_policy()
-    firsts, lasts = _region(model, first=True), _region(model, first=False)
-    by_id: dict[int, LayerPolicy] = {}
-    used_rules: set[int] = set()
-    for path, layer in _leaves(model):
-        policy, reason, swap = _recipe_decision(recipe, layer, id(layer) in firsts, id(layer) in lasts, compute)
-        kind = op_kind(layer)
-        if kind is not None:
-            policy, reason = FLOAT32, f"deny list: {kind}"
-            swap = _replacement(layer) if isinstance(layer, keras.layers.Softmax) else swap
-        for i, (key, rule_policy) in enumerate(checked_rules):
-            if isinstance(key, type):
-                hit = isinstance(layer, key)
-            else:
-                hit = bool(key.fullmatch(layer.name) or key.fullmatch(path))
-            if hit:
-                used_rules.add(i)
-                rule_name = key.__name__ if isinstance(key, type) else key.pattern
-                if isinstance(layer, amp_layers.OutputHead):
-                    logging.warning(
-                        "apply_recipe: rule %r skipped for %r: keras_amp.layers.OutputHead is a float32 island",
-                        rule_name, path,
-                    )
-                    continue
-                policy, swap = rule_policy, None
-                reason = f"rule {rule_name!r}"
-        if isinstance(layer, amp_layers.OutputHead):
-            # OutputHead accepts only a float32 policy, whatever its recipe role or the rules.
-            policy, reason, swap = FLOAT32, "float32 island", None
-        by_id[id(layer)] = LayerPolicy(path, type(layer).__name__, policy, reason, swap)
-    unused = [rules_key for i, rules_key in enumerate(rules or {}) if i not in used_rules]
+    first = model_graph.boundary(model, first=True) if recipe == "cnn" else set()
+    last = model_graph.boundary(model, first=False) if recipe in ("cnn", "rnn") else set()
+    planned: dict[int, str] = {id(model): compute}
+    parent_of: dict[int, Any] = {}
+    used: set[int] = set()
+    out: list[tuple[Any, LayerPolicy]] = []
+
+    def into(layer):
+        return not model_graph.is_island(layer)
+
+    for path, layer in model_graph.walk(model, into=into):
+        for child in model_graph.children(layer):
+            parent_of.setdefault(id(child), layer)
+        parent = parent_of.get(id(layer), model)
+        kept = _left_as_built(layer)
+        if kept is not None:
+            policy, reason = layer.dtype_policy.name, kept
+            for i, (key, _, shown) in enumerate(checked_rules):
+                if _matches(key, layer, path):
+                    used.add(i)
+                    logging.warning("apply_recipe: rule %r skipped for %r: %s", shown, path, kept)
+        else:
+            policy, reason = _decide(recipe, layer, parent, model, planned, first, last, compute)
+            for i, (key, rule_policy, shown) in enumerate(checked_rules):
+                if _matches(key, layer, path):
+                    used.add(i)
+                    policy, reason = rule_policy, f"rule {shown!r}"
+            if reason.startswith(_RAISE):
+                raise ValueError(
+                    f"apply_recipe({recipe!r}) cannot make layer {path!r} ({type(layer).__name__}) float32 "
+                    f"in place: it is called from {type(parent).__name__} {parent.name!r}'s own code, where "
+                    "its float32 output would meet 16-bit tensors. Build it as keras_amp.layers.LSTM / GRU "
+                    f"(float32 gates and state, output in the compute dtype), or pass rules={{{path!r}: "
+                    f"'float32'}} if {parent.name!r} casts its output."
+                )
+        planned[id(layer)] = policy
+        out.append((layer, LayerPolicy(path, type(layer).__name__, policy, reason)))
+    unused = [shown for i, (_, _, shown) in enumerate(checked_rules) if i not in used]
     if unused:
         logging.warning("apply_recipe: rules matched no layer of %r: %r", model.name, unused)
-    plan = RecipePlan(recipe=recipe, compute_policy=compute, layers=tuple(by_id.values()))
-    paths = [e.path for e in plan.layers]
-    if len(set(paths)) != len(paths):
-        raise ValueError(f"apply_recipe needs unique layer paths. Received: paths {paths}")
-    return plan, by_id
+    plan = RecipePlan(recipe=recipe, compute_policy=compute, layers=tuple(e for _, e in out))
+    return plan, out
+
+
+def _matches(key: Any, layer: Any, path: str) -> bool:
+    if isinstance(key, type):
+        return isinstance(layer, key)
+    return bool(key.fullmatch(layer.name) or key.fullmatch(path))
 
 
 def plan_recipe(model: keras.Model, recipe: str, rules: Mapping[Any, Any] | None = None) -> RecipePlan:
@@ -355,80 +266,76 @@ def plan_recipe(model: keras.Model, recipe: str, rules: Mapping[Any, Any] | None
     return _plan(model, recipe, rules)[0]
 
 
+def _reset_compiled_functions(model: keras.Model) -> None:
+    # Traced functions keep the dtypes they were traced with: the next fit/evaluate/predict
+    # must trace again to use the new policies (Keras rebuilds a function that is None).
+    model.train_function = None
+    model.test_function = None
+    model.predict_function = None
+
+
+def _refresh_build_time_state(layer: Any) -> None:
+    """Recomputes what `layer` cast to its compute dtype when it was built (Keras 3.15.1)."""
+    # Normalization casts its mean and variance to the compute dtype in build() (given mean and
+    # variance) or finalize_state() (adapted): recompute them from the float32 originals, or the
+    # layer would keep using 16-bit-rounded constants after its policy changed.
+    if isinstance(layer, keras.layers.Normalization) and layer.built:
+        if layer.input_mean is not None:
+            layer.build_from_config(layer.get_build_config())
+        else:
+            layer.finalize_state()
+
+
 def apply_recipe(model: keras.Model, recipe: str, rules: Mapping[Any, Any] | None = None) -> keras.Model:
-    """Returns a copy of `model` with per-layer dtype policies from a recipe, weights preserved.
+    """Sets per-layer dtype policies from a recipe on `model` itself, and returns the same model.
+
+    In place: no layer is rebuilt and no weight is copied, so any built model works
+    (Sequential, functional with operator nodes, nested, subclassed, keras-hub,
+    keras.applications), optimizer state and references to its layers stay valid, and the
+    model's own dtype policy becomes the compute policy (`model_graph.is_stale` then knows it
+    was converted). Its traced train/test/predict functions are dropped, so the next `fit`,
+    `evaluate` or `predict` traces anew with the new policies. For a copy, apply the recipe to
+    `keras.models.clone_model(model)` or to a reloaded `.keras` file.
 
     Args:
-        model: A built Sequential or functional `keras.Model` (nested ones included). Subclassed
-            models raise a TypeError: their layer graph cannot be cloned.
+        model: A built `keras.Model`.
         recipe: String. "cnn", "transformer" or "rnn" (see the module docstring).
-        rules: Mapping or None. User overrides applied after the recipe and the deny list:
-            keys are `keras.layers.Layer` subclasses (isinstance) or regexes matched in full
-            against a layer's name or path; values are policy names ("float32",
-            "mixed_bfloat16", ...) or `keras.DTypePolicy`. Later rules win; a ruled layer keeps
-            its own class.
+        rules: Mapping or None. Overrides applied after the recipe and the deny list: keys
+            are `keras.layers.Layer` subclasses (isinstance) or regexes matched in full against
+            a layer's name or path ("block_1/.*"); values are "float32", "mixed_bfloat16",
+            "mixed_float16" or a `keras.DTypePolicy` of one. Later rules win. A rule names only
+            the layers it matches; sublayers of a layer ruled float32 are float32 by default.
 
     Returns:
-        A new model (the input is untouched). The compute dtype is that of `keras_amp.config()`
-        (or Keras's global policy when keras_amp is not enabled); float32 islands get "float32".
-        If `model` was compiled, the copy is compiled from the same compile config with fresh
-        optimizer state, so apply a recipe before training.
+        `model`, with every layer's policy set. The compute dtype is that of
+        `keras_amp.config()` (Keras's global policy when keras_amp is not enabled).
 
     Example:
         >>> keras_amp.enable("mixed_bfloat16")
-        >>> model = keras_amp.apply_recipe(model, "transformer", rules={r"logits": "float32"})
+        >>> model = keras_hub.models.BertBackbone(...)   # or any built model
+        >>> keras_amp.apply_recipe(model, "transformer", rules={r"logits": "float32"})
     """
-    # A model built before enable() is fine here: every layer gets its policy from the plan.
-    plan, by_id = _plan(model, recipe, rules)
-    pairs: list[tuple[keras.layers.Layer, keras.layers.Layer]] = []
-
-    def clone_function(layer):
-        entry = by_id[id(layer)]
-        swap = getattr(amp_layers, entry.replace_with) if entry.replace_with else None
-        policy = keras.DTypePolicy(entry.policy)
-        config = layer.get_config()
-        config["dtype"] = policy
-        cls = swap or type(layer)
-        # keras_amp's Float32 wrapper decides its inner layer's precision itself.
-        if isinstance(layer, (keras.layers.Wrapper, keras.layers.Bidirectional)) and not isinstance(
-            layer, amp_layers.Float32
-        ):
-            _retarget_wrapped(config, policy, swap)
-            cls = type(layer)
+    plan, entries = _plan(model, recipe, rules)
+    changed: list[tuple[Any, Any]] = []
+    for layer, entry in entries:
+        if layer.dtype_policy.name == entry.policy:
+            continue
         try:
-            clone = cls.from_config(config)
-        except Exception as e:
+            old = layer.dtype_policy
+            layer.dtype_policy = entry.policy
+            changed.append((layer, old))
+            _refresh_build_time_state(layer)
+        except Exception as e:  # a third-party layer may define dtype_policy without a setter
+            for done, old in reversed(changed):  # all or nothing: no half-converted model
+                done.dtype_policy = old
+                _refresh_build_time_state(done)
             raise ValueError(
-                "apply_recipe rebuilds each layer from its get_config(); this layer could not be. "
-                f"Received: layer {entry.path!r} of class {type(layer).__name__} ({e})"
+                f"apply_recipe could not set the dtype policy of layer {entry.path!r} "
+                f"({type(layer).__name__}) to {entry.policy!r}: {type(e).__name__}: {e}. Build that "
+                f"layer with dtype={entry.policy!r}, or keep its policy with "
+                f"rules={{{entry.path!r}: {layer.dtype_policy.name!r}}}"
             ) from e
-        pairs.append((layer, clone))
-        return clone
-
-    input_tensors = None
-    if not isinstance(model, keras.Sequential):
-        # Keep input names (clone_model would name the new inputs after their KerasTensors).
-        input_tensors = keras.tree.map_structure(
-            lambda t: keras.Input(batch_shape=t.shape, dtype=t.dtype, name=t._keras_history.operation.name),
-            model.input,
-        )
-    clone = keras.models.clone_model(
-        model, input_tensors=input_tensors, clone_function=clone_function, recursive=True
-    )
-    for old, new in pairs:
-        old_weights = old.weights
-        new_weights = new.weights
-        if [tuple(w.shape) for w in old_weights] != [tuple(w.shape) for w in new_weights]:
-            raise RuntimeError(
-                f"apply_recipe: layer {old.name!r} ({type(old).__name__} -> {type(new).__name__}) "
-                "changed its weight structure; weights cannot be carried over."
-            )
-        for src, dst in zip(old_weights, new_weights):
-            dst.assign(src.value)
-    if model.compiled and not clone.compiled:
-        clone.compile_from_config(model.get_compile_config())
-    # Its policies are deliberate: warn_if_built_before_enable does not flag a recipe-made model
-    # whose heavy layers all ended up float32.
-    clone._keras_amp_recipe = recipe
+    model.dtype_policy = plan.compute_policy
+    _reset_compiled_functions(model)
     logging.info("apply_recipe %r on %r:\n%s", recipe, model.name, plan)
-    return clone
+    return model

@@ -1,4 +1,4 @@
-"""Guards for the Keras 3.15 internals and behaviours keras_amp.recipes / keras_amp.check rely on.
+"""Guards for the Keras 3.15 internals and behaviours keras_amp.model_graph / recipes / check rely on.
 
 Each test fails loudly if Keras changes the thing underneath; the module named in the test is the
 one to revisit.
@@ -26,7 +26,7 @@ def _graph_model():
 
 
 def test_functional_graph_internals_used_by_recipes_graph():
-    # recipes._graph: model._nodes_by_depth, Node.operation, Node.parent_nodes, layer._inbound_nodes,
+    # model_graph.graph: model._nodes_by_depth, Node.operation, Node.parent_nodes,
     # KerasTensor._keras_history.operation.
     model = _graph_model()
     nodes = [n for depth in model._nodes_by_depth.values() for n in depth]
@@ -37,8 +37,8 @@ def test_functional_graph_internals_used_by_recipes_graph():
     assert isinstance(model.inputs[0]._keras_history.operation, keras.layers.InputLayer)
 
 
-def test_flatten_layers_signature_used_by_check():
-    # check._children: layer._flatten_layers(include_self=False, recursive=False).
+def test_flatten_layers_signature_used_by_model_graph():
+    # model_graph.children: layer._flatten_layers(include_self=False, recursive=False).
     params = inspect.signature(keras.layers.Layer._flatten_layers).parameters
     assert {"include_self", "recursive"} <= set(params)
     mha = keras.layers.MultiHeadAttention(2, 4)
@@ -48,24 +48,48 @@ def test_flatten_layers_signature_used_by_check():
     assert mha._query_dense in children and mha not in children
 
 
-def test_clone_model_recursive_passes_leaf_layers_and_takes_input_tensors():
-    # apply_recipe: clone_function sees every leaf layer of nested functional models, not the
-    # nested model itself; input_tensors keeps the input names.
-    inner_in = keras.Input((4,))
-    inner = keras.Model(inner_in, keras.layers.Dense(4, name="inner_dense")(inner_in), name="inner")
+def test_functional_operations_list_operator_nodes_in_graph_order():
+    # model_graph.children(operations=True) / graph(): Function.operations holds layers and
+    # operator nodes (keras.Operation, not Layer) in graph order; Model.layers only the layers.
     inp = keras.Input((4,), name="x")
-    model = keras.Model(inp, inner(keras.layers.Dense(4, name="outer_dense")(inp)))
-    seen = []
+    a = keras.layers.Dense(4, name="a")(inp)
+    model = keras.Model(inp, keras.layers.Dense(2, name="b")(a * 2.0))
+    ops = model.operations
+    assert [type(op).__name__ for op in ops] == ["InputLayer", "Dense", "Multiply", "Dense"]
+    assert not isinstance(ops[2], keras.layers.Layer) and isinstance(ops[2], keras.Operation)
+    assert [l.name for l in model.layers] == ["x", "a", "b"]
 
-    def clone_function(layer):
-        seen.append(layer.name)
-        return layer.__class__.from_config(layer.get_config())
 
-    clone = keras.models.clone_model(
-        model, input_tensors=keras.Input((4,), name="x"), clone_function=clone_function, recursive=True
-    )
-    assert sorted(seen) == ["inner_dense", "outer_dense"]
-    assert clone.inputs[0].name == "x"
+def test_a_functional_models_own_policy_does_not_cast_its_inputs():
+    # apply_recipe sets the model's own dtype_policy (its staleness record): harmless for a
+    # functional model, which converts inputs per Input layer (_convert_input_args = False).
+    inp = keras.Input((4,))
+    model = keras.Model(inp, keras.layers.Dense(2, dtype="float32", kernel_initializer="ones")(inp))
+    assert model._convert_input_args is False
+    model.dtype_policy = "mixed_float16"
+    x = np.full((1, 4), 1.0 + 2.0**-20, "float32")  # float16 would round this to 1.0
+    np.testing.assert_array_equal(np.asarray(model(x)), np.full((1, 2), 4 * (1.0 + 2.0**-20), "float32"))
+
+
+def test_a_policy_set_after_build_is_used_at_the_next_call():
+    # apply_recipe sets layer.dtype_policy in place; Keras reads compute_dtype at every call,
+    # and an RNN runs its cell with the cell's own policy.
+    x = np.ones((1, 3, 4), "float32")
+    lstm = keras.layers.LSTM(4, dtype="mixed_bfloat16")
+    assert keras.backend.standardize_dtype(lstm(x).dtype) == "bfloat16"
+    lstm.dtype_policy = "float32"
+    lstm.cell.dtype_policy = "float32"
+    assert keras.backend.standardize_dtype(lstm(x).dtype) == "float32"
+    assert all(keras.backend.standardize_dtype(w.dtype) == "float32" for w in lstm.weights)
+
+
+def test_trainer_retraces_a_function_set_to_none():
+    # recipes._reset_compiled_functions: make_*_function rebuilds only when the attribute is None.
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    for name in ("train", "test", "predict"):
+        source = inspect.getsource(getattr(TensorFlowTrainer, f"make_{name}_function"))
+        assert f"if self.{name}_function is not None and not force:" in source
 
 
 def test_compile_auto_wraps_loss_scale_only_under_mixed_float16_model_policy():
@@ -137,7 +161,7 @@ def test_unit_normalization_overflows_in_float16_so_check_flags_it():
 
 
 def test_activity_regularizer_penalty_is_computed_in_the_compute_dtype():
-    # recipes.op_kind "loss": Layer.__call__ applies the regularizer to the 16-bit output.
+    # model_graph.op_kind "loss": Layer.__call__ applies the regularizer to the 16-bit output.
     x = np.full((1, 8), 100.0, "float32")  # sum of squares 80000 > float16 max
     stock = keras.layers.ActivityRegularization(l2=1.0, dtype="mixed_float16")
     stock(x)
@@ -155,16 +179,16 @@ def test_stock_attention_logits_are_float16_under_mixed_float16():
     assert keras.backend.standardize_dtype(scores.dtype) == "float16"
 
 
-def test_wrappers_rebuild_inner_layers_from_their_own_serialized_configs():
-    # recipes._retarget_wrapped: the wrapper's dtype does not reach the layers inside it, so
-    # apply_recipe rewrites config["layer"] / config["backward_layer"]. Bidirectional is not a Wrapper.
-    bi = keras.layers.Bidirectional(keras.layers.LSTM(4, dtype="mixed_bfloat16"))
-    td = keras.layers.TimeDistributed(keras.layers.Dense(4, dtype="mixed_bfloat16"))
-    assert not isinstance(bi, keras.layers.Wrapper) and isinstance(td, keras.layers.Wrapper)
-    for layer, keys in ((bi, ("layer", "backward_layer")), (td, ("layer",))):
-        config = layer.get_config()
-        config["dtype"] = "float32"
-        assert all(isinstance(config[k]["config"]["dtype"], dict) for k in keys)
-        rebuilt = type(layer).from_config(config)
-        inner = [rebuilt.forward_layer, rebuilt.backward_layer] if layer is bi else [rebuilt.layer]
-        assert [i.dtype_policy.name for i in inner] == ["mixed_bfloat16"] * len(keys)
+def test_normalization_caches_its_mean_and_variance_in_the_compute_dtype():
+    # recipes._refresh_build_time_state: build() (given mean/variance) and finalize_state()
+    # (adapted) cast them to the compute dtype; a later policy change must recompute them, through
+    # build_from_config(get_build_config()) or finalize_state().
+    source = inspect.getsource(keras.layers.Normalization.build)
+    assert "self.mean = ops.cast(mean, dtype=self.compute_dtype)" in source
+    assert "self.input_mean is None" in source  # build adds variables only when adapting
+    assert "self.mean = ops.cast(self.mean, self.compute_dtype)" in inspect.getsource(
+        keras.layers.Normalization.finalize_state
+    )
+    norm = keras.layers.Normalization(mean=[0.5], variance=[4.0], dtype="mixed_bfloat16")
+    norm.build((None, 1))
+    assert norm.get_build_config() == {"input_shape": (None, 1)}

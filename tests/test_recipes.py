@@ -1,20 +1,20 @@
-"""apply_recipe / plan_recipe: per-layer policies, layer swaps, weights, rules, errors, training."""
+"""apply_recipe / plan_recipe: per-layer policies set in place on any model, weights, rules, errors, retrace."""
 
+import logging
 import re
 import warnings
-from unittest import mock
 
 import keras
 import numpy as np
 import pytest
 
 import keras_amp
-from keras_amp import recipes
-from keras_amp import layers as amp_layers
+from keras_amp import model_graph, recipes
 
 MIXED = ["mixed_float16", "mixed_bfloat16"]
 # This CPU has no fast float16; enable() says so. The numerics, not the speed, are under test here.
-pytestmark = pytest.mark.filterwarnings("ignore:mixed_float16 requested:keras_amp.AmpWarning")
+pytestmark = pytest.mark.filterwarnings("ignore:mixed_.* requested:keras_amp.AmpWarning")
+RNN_ROLE = "rnn: recurrence (gates, cell state and recurrent matmuls)"
 
 
 def resnet_cnn():
@@ -28,7 +28,7 @@ def resnet_cnn():
     y = keras.layers.ReLU(name="relu_a")(y)
     y = keras.layers.Conv2D(16, 3, padding="same", name="conv_b")(y)
     y = keras.layers.BatchNormalization(name="bn_b")(y)
-    x = keras.layers.Add(name="residual")([x, y])
+    x = x + y  # an operator node: apply_recipe used to fail here with a raw KeyError
     x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
     x = keras.layers.Dense(4, name="logits")(x)
     out = keras.layers.Activation("softmax", name="probs")(x)
@@ -65,14 +65,15 @@ def expected(recipe, compute):
     return {
         "cnn": {
             "rescale": f32, "stem": f32, "stem_bn": f32, "stem_relu": compute, "conv_a": compute,
-            "bn_a": f32, "relu_a": compute, "conv_b": compute, "bn_b": f32, "residual": compute,
+            "bn_a": f32, "relu_a": compute, "conv_b": compute, "bn_b": f32,
             "pool": compute, "logits": f32, "probs": f32,
         },
+        # The head stays in the compute dtype: float32 logits and loss come from the loss.
         "transformer": {
             "embed": compute, "mha": compute, "add_1": compute, "ln_1": f32, "ffn_1": compute,
-            "ffn_2": compute, "add_2": compute, "ln_2": f32, "pool": compute, "head": f32,
+            "ffn_2": compute, "add_2": compute, "ln_2": f32, "pool": compute, "head": compute,
         },
-        "rnn": {"lstm": compute, "gru": compute, "per_step": f32},
+        "rnn": {"lstm": f32, "gru": f32, "per_step": f32},
     }[recipe]
 
 
@@ -80,44 +81,98 @@ BUILDERS = {"cnn": resnet_cnn, "transformer": transformer_encoder, "rnn": lstm_m
 
 
 def layer_policies(model):
-    return {l.name: l.dtype_policy.name for l in model.layers if not isinstance(l, keras.layers.InputLayer)}
+    return {l.name: l.dtype_policy.name for l in model_graph.children(model)}
 
 
 @pytest.mark.parametrize("policy", MIXED)
 @pytest.mark.parametrize("recipe", ["cnn", "transformer", "rnn"])
-def test_policies_are_exactly_the_recipes(recipe, policy):
+def test_policies_are_exactly_the_recipes_and_set_in_place(recipe, policy):
     keras_amp.enable(policy)
     model = BUILDERS[recipe]()
+    layers_before = list(model_graph.walk(model))
     plan = recipes.plan_recipe(model, recipe)
-    assert plan.policies() == expected(recipe, policy)
-    new = keras_amp_apply(model, recipe)
-    assert layer_policies(new) == expected(recipe, policy)
-    # Sublayers follow their parent: the swapped attention's projections compute in the compute dtype.
+    top = {p: v for p, v in plan.policies().items() if "/" not in p}
+    assert top == expected(recipe, policy)
+    assert recipes.apply_recipe(model, recipe) is model  # the same model, changed in place
+    assert layer_policies(model) == expected(recipe, policy)
+    assert [(p, id(l)) for p, l in model_graph.walk(model)] == [(p, id(l)) for p, l in layers_before]
+    # Sublayers follow their parent: attention projections and its own softmax sublayer (whose
+    # output MultiHeadAttention's code uses as it is; the op rules compute it in float32) in the
+    # compute dtype, RNN cells float32 with their RNN.
     if recipe == "transformer":
-        assert type(new.get_layer("mha")) is amp_layers.MultiHeadAttention
-        assert new.get_layer("mha")._query_dense.dtype_policy.name == policy
+        assert model.get_layer("mha")._query_dense.dtype_policy.name == policy
+        assert plan.policies()["mha/softmax"] == policy
+        assert {e.path: e.reason for e in plan.layers}["mha/softmax"].startswith("deny list: softmax, computed in float32 by keras_amp's op rules")
     if recipe == "rnn":
-        assert type(new.get_layer("lstm")) is amp_layers.LSTM
-        assert type(new.get_layer("gru")) is amp_layers.GRU
-    assert new.outputs[0].dtype == "float32"
-    assert layer_policies(model) == {k: policy for k in expected(recipe, policy)}  # input untouched
-
-
-def keras_amp_apply(model, recipe, rules=None):
-    return recipes.apply_recipe(model, recipe, rules=rules)
+        assert model.get_layer("lstm").cell.dtype_policy.name == "float32"
+        assert {e.path: e.reason for e in plan.layers}["lstm"] == RNN_ROLE
 
 
 @pytest.mark.parametrize("recipe", ["cnn", "transformer", "rnn"])
-def test_weights_are_preserved_exactly(recipe):
+def test_weights_are_the_same_variables_with_the_same_values(recipe):
     keras_amp.enable("mixed_bfloat16")
     model = BUILDERS[recipe]()
     for w in model.weights:  # non-default values, so equality is not a coincidence of initialisers
         w.assign(np.random.default_rng(len(w.path)).normal(size=w.shape).astype(w.dtype))
-    new = recipes.apply_recipe(model, recipe)
-    assert [w.path for w in new.weights] == [w.path for w in model.weights]
-    for old, fresh in zip(model.weights, new.weights):
-        assert fresh.dtype == old.dtype == "float32"
-        np.testing.assert_array_equal(fresh.numpy(), old.numpy())  # exact: assign of float32 to float32
+    before = [(id(w), w.numpy()) for w in model.weights]
+    recipes.apply_recipe(model, recipe)
+    assert [id(w) for w in model.weights] == [i for i, _ in before]
+    for w, (_, value) in zip(model.weights, before):
+        assert w.dtype == "float32"
+        np.testing.assert_array_equal(w.numpy(), value)
+
+
+def _rebuilt_with(plan, make):
+    """A model constructed afresh, each layer given `plan`'s policy as its dtype (sublayers follow)."""
+    policy = plan.policy_map()
+    fresh = make()  # layer names differ from the planned paths only by Keras's uniquifying suffixes
+    for (_, layer), entry in zip(model_graph.walk(fresh), plan.layers):
+        assert type(layer).__name__ == entry.layer_class
+        layer.dtype_policy = policy[entry.path]
+    return fresh
+
+
+@pytest.mark.parametrize("recipe", ["cnn", "transformer", "rnn"])
+def test_keras_computes_with_the_new_policies_on_a_model_built_before_enable(recipe):
+    keras.utils.set_random_seed(0)
+    model = BUILDERS[recipe]()  # built in float32, before enable()
+    keras_amp.enable("mixed_float16")
+    x = _data(recipe, n=4)[0]
+    float32_out = np.asarray(model.predict(x, verbose=0), np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", keras_amp.AmpWarning)
+        plan = recipes.plan_recipe(model, recipe)
+        recipes.apply_recipe(model, recipe)
+    assert not model_graph.is_stale(model)
+    ours = np.asarray(model.predict(x, verbose=0), np.float64)
+    # Reference: a model constructed under enable() with the planned policies and the same weights.
+    keras.utils.set_random_seed(0)
+    reference = _rebuilt_with(plan, BUILDERS[recipe])
+    reference.set_weights(model.get_weights())
+    np.testing.assert_array_equal(ours, np.asarray(reference.predict(x, verbose=0), np.float64))
+    if recipe != "rnn":  # guard: the 16-bit layers really compute in float16 now
+        assert np.abs(ours - float32_out).max() > 0
+    else:  # every rnn layer is float32 by the recipe: float32 numbers exactly
+        np.testing.assert_allclose(ours, float32_out, rtol=1e-6, atol=1e-6)
+
+
+def test_next_fit_traces_anew():
+    keras_amp.enable("mixed_bfloat16")
+    model = transformer_encoder(dropout=0.0)
+    model.compile(keras.optimizers.SGD(0.01), loss="mse")
+    x, y = _data("transformer", n=8)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    model.predict(x, verbose=0)
+    assert model.train_function is not None and model.predict_function is not None
+    optimizer = model.optimizer
+    recipes.apply_recipe(model, "transformer", rules={".*": "float32"})
+    assert (model.train_function, model.test_function, model.predict_function) == (None, None, None)
+    assert model.optimizer is optimizer  # optimizer state carries on
+    # predict retraced: it matches an eager float32 call (a stale bfloat16 trace would not).
+    np.testing.assert_allclose(model.predict(x, verbose=0), model(x), rtol=1e-6, atol=1e-6)
+    assert keras.backend.standardize_dtype(model(x).dtype) == "float32"
+    history = model.fit(x, y, batch_size=8, epochs=1, verbose=0).history["loss"]
+    assert np.isfinite(history[-1])
 
 
 def _data(recipe, n=64):
@@ -149,7 +204,7 @@ def test_recipe_model_trains_with_finite_decreasing_loss(recipe, policy):
     assert history[-1] < 0.9 * history[0], history
 
 
-def test_sequential_and_nested_models_and_input_names():
+def test_sequential_and_nested_models():
     keras_amp.enable("mixed_bfloat16")
     inner_in = keras.Input((8,))
     inner = keras.Model(inner_in, keras.layers.Dense(8, name="inner_dense")(inner_in), name="block")
@@ -157,12 +212,126 @@ def test_sequential_and_nested_models_and_input_names():
     out = keras.layers.Dense(3, name="out")(inner(keras.layers.Dense(8, name="first")(inp)))
     model = keras.Model(inp, out)
     plan = recipes.plan_recipe(model, "cnn")
-    assert plan.policies() == {"first": "float32", "block/inner_dense": "mixed_bfloat16", "out": "float32"}
-    new = recipes.apply_recipe(model, "cnn")
-    assert new.get_layer("block").get_layer("inner_dense").dtype_policy.name == "mixed_bfloat16"
-    assert new.inputs[0].name == "features"
+    assert plan.policies() == {
+        "first": "float32", "block": "mixed_bfloat16", "block/inner_dense": "mixed_bfloat16", "out": "float32",
+    }
     x = np.ones((2, 8), "float32")
-    np.testing.assert_allclose(new.predict(x, verbose=0), model.predict(x, verbose=0), rtol=0.05, atol=0.05)
+    before = model.predict(x, verbose=0)
+    recipes.apply_recipe(model, "cnn")
+    assert model.get_layer("block").get_layer("inner_dense").dtype_policy.name == "mixed_bfloat16"
+    np.testing.assert_allclose(model.predict(x, verbose=0), before, rtol=0.05, atol=0.05)
+
+
+class Blocks(keras.Model):
+    """A subclassed Transformer-like model: no graph, no get_config."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.embed = keras.layers.Embedding(32, 16, name="embed")
+        self.attention = keras.layers.MultiHeadAttention(2, 8, name="attention")
+        self.norm = keras.layers.LayerNormalization(name="norm")
+        self.logits = keras.layers.Dense(32, name="logits")
+
+    def call(self, tokens):
+        h = self.embed(tokens)
+        return self.logits(self.norm(h + self.attention(h, h)))
+
+
+def test_subclassed_model_is_converted_in_place():
+    keras_amp.enable("mixed_float16")
+    model = Blocks(name="blocks")
+    tokens = np.arange(16, dtype="int32").reshape(2, 8)
+    model(tokens)
+    assert not model_graph.is_graph(model)  # guard: no layer graph to clone or rebuild from
+    recipes.apply_recipe(model, "transformer", rules={"logits": "float32"})
+    # Called from the model's own code (`h + attention(...)`), layers keep their output dtype:
+    # the norm's statistics are float32 by keras_amp's op rules; a rule still applies as asked.
+    assert layer_policies(model) == {
+        "embed": "mixed_float16", "attention": "mixed_float16", "norm": "mixed_float16", "logits": "float32",
+    }
+    reasons = {e.path: e.reason for e in recipes.plan_recipe(model, "transformer").layers}
+    assert reasons["norm"].startswith("deny list: normalization, computed in float32 by keras_amp's op rules")
+    assert keras.backend.standardize_dtype(model(tokens).dtype) == "float32"
+    assert model_graph.is_stale(model) is False and model.dtype_policy.name == "mixed_float16"
+
+
+class Tagger(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.embed = keras.layers.Embedding(32, 8, name="embed")
+        self.lstm = keras.layers.LSTM(8, return_sequences=True, name="lstm")
+        self.tags = keras.layers.Dense(3, name="tags")
+
+    def call(self, tokens):
+        h = self.embed(tokens)
+        return self.tags(self.lstm(h) + h)  # raw code: a float32 LSTM output would meet bfloat16 h
+
+
+def test_rnn_in_a_subclassed_model_is_an_error_naming_the_layer_unless_a_rule_decides():
+    keras_amp.enable("mixed_bfloat16")
+    model = Tagger(name="tagger")
+    tokens = np.arange(12, dtype="int32").reshape(2, 6)
+    model(tokens)
+    with pytest.raises(ValueError, match=re.escape("cannot make layer 'lstm' (LSTM) float32 in place")) as info:
+        recipes.apply_recipe(model, "rnn")
+    assert "keras_amp.layers.LSTM" in str(info.value) and "rules={'lstm': 'float32'}" in str(info.value)
+    assert model.lstm.dtype_policy.name == "mixed_bfloat16"  # nothing changed
+    # Guard: the error is real: a float32 LSTM here breaks the model's own `+`.
+    model.lstm.dtype_policy = "float32"
+    model.lstm.cell.dtype_policy = "float32"
+    with pytest.raises(Exception, match="bfloat16|float"):
+        model(tokens)
+    model.lstm.dtype_policy = model.lstm.cell.dtype_policy = "mixed_bfloat16"
+    recipes.apply_recipe(model, "rnn", rules={"lstm": "mixed_bfloat16"})  # decided by a rule: no error
+    # The recipe's float32 output layer is not applied inside the model's own code either.
+    reason = {e.path: e.reason for e in recipes.plan_recipe(model, "rnn", rules={"lstm": "mixed_bfloat16"}).layers}["tags"]
+    assert reason == "rnn: sequence output layer: not applied inside 'tagger''s own code (output dtype kept)"
+    assert np.all(np.isfinite(keras.ops.convert_to_numpy(keras.ops.cast(model(tokens), "float32"))))
+
+
+class NoConfig(keras.layers.Layer):
+    """A third-party layer whose get_config() does not give its constructor arguments."""
+
+    def __init__(self, units, kernel_fn, **kwargs):
+        super().__init__(**kwargs)
+        self.kernel_fn = kernel_fn
+        self.dense = keras.layers.Dense(units, name="inner")
+
+    def call(self, x):
+        return self.kernel_fn(self.dense(x))
+
+
+def test_layer_whose_config_does_not_round_trip():
+    keras_amp.enable("mixed_bfloat16")
+    inp = keras.Input((4,))
+    layer = NoConfig(4, lambda h: keras.ops.exp(-keras.ops.square(h)), name="rbf")
+    model = keras.Model(inp, keras.layers.Dense(2, name="out")(layer(keras.layers.Dense(4, name="d")(inp))))
+    with pytest.raises(NotImplementedError):  # guard: the round trip the old clone needed fails
+        NoConfig.from_config(layer.get_config())
+    recipes.apply_recipe(model, "transformer", rules={"rbf": "float32"})
+    assert (layer.dtype_policy.name, layer.dense.dtype_policy.name) == ("float32", "float32")
+    assert keras.backend.standardize_dtype(layer(np.ones((1, 4), "float32")).dtype) == "float32"
+
+
+class FixedPolicy(keras.layers.Dense):
+    """A layer that refuses a policy change (a read-only `dtype_policy`)."""
+
+    @property
+    def dtype_policy(self):
+        return self._dtype_policy
+
+
+def test_a_layer_that_refuses_the_policy_is_named_with_what_to_do():
+    keras_amp.enable("mixed_bfloat16")
+    inp = keras.Input((4,))
+    model = keras.Model(inp, FixedPolicy(4, name="fixed", dtype="float32")(keras.layers.Softmax(name="probs")(inp)))
+    with pytest.raises(ValueError, match=re.escape("layer 'fixed' (FixedPolicy) to 'mixed_bfloat16'")) as info:
+        recipes.apply_recipe(model, "transformer")
+    assert "rules={'fixed': 'float32'}" in str(info.value)
+    assert not isinstance(info.value.__cause__, KeyError)
+    # All or nothing: the softmax, set float32 before 'fixed' failed, is back to its policy.
+    assert model.get_layer("probs").dtype_policy.name == "mixed_bfloat16"
+    recipes.apply_recipe(model, "transformer", rules={"fixed": "float32"})  # the fix it names works
 
 
 def test_policy_map_is_a_keras_dtype_policy_map():
@@ -172,7 +341,7 @@ def test_policy_map_is_a_keras_dtype_policy_map():
     assert isinstance(pmap, keras.dtype_policies.DTypePolicyMap)
     assert pmap["ln_1"].name == "float32" and pmap["ffn_1"].name == "mixed_bfloat16"
     assert pmap.default_policy.name == "mixed_bfloat16"
-    assert "mha" in str(plan) and "keras_amp.layers.MultiHeadAttention" in str(plan)
+    assert "mha/softmax" in str(plan) and "deny list: softmax" in str(plan)
 
 
 class MyRMSNorm(keras.layers.Layer):
@@ -205,9 +374,9 @@ def test_deny_list_is_float32_in_every_recipe():
         }, recipe
         assert all(plan.policies()[p] == "float32" for p in denied)
         assert plan.policies()["middle"] == "mixed_float16"
-    new = recipes.apply_recipe(deny_model(), "transformer")
-    assert type(new.get_layer("softmax")) is amp_layers.Softmax
-    assert new.get_layer("softmax").dtype_policy.name == "float32"
+    model = recipes.apply_recipe(deny_model(), "transformer")
+    assert type(model.get_layer("softmax")) is keras.layers.Softmax  # no class swap
+    assert model.get_layer("softmax").dtype_policy.name == "float32"
 
 
 def test_rules_override_recipe_and_deny_list_later_rules_win():
@@ -217,119 +386,104 @@ def test_rules_override_recipe_and_deny_list_later_rules_win():
         keras.layers.LayerNormalization: "mixed_float16",  # overrides the deny list
         r"ffn_.*": "float32",
         "ffn_2": keras.DTypePolicy("mixed_float16"),  # later rule wins
-        "mha": "float32",  # a ruled layer keeps its class
+        "mha": "float32",
+        r"head": "float32",  # a user can still pin the head
     }
-    new = recipes.apply_recipe(model, "transformer", rules=rules)
-    got = layer_policies(new)
-    assert (got["ln_1"], got["ln_2"], got["ffn_1"], got["ffn_2"], got["mha"]) == (
-        "mixed_float16", "mixed_float16", "float32", "mixed_float16", "float32",
+    recipes.apply_recipe(model, "transformer", rules=rules)
+    got = layer_policies(model)
+    assert (got["ln_1"], got["ln_2"], got["ffn_1"], got["ffn_2"], got["mha"], got["head"]) == (
+        "mixed_float16", "mixed_float16", "float32", "mixed_float16", "float32", "float32",
     )
-    assert type(new.get_layer("mha")) is keras.layers.MultiHeadAttention
-    assert type(new.get_layer("ln_1")) is keras.layers.LayerNormalization
-    assert got["head"] == "float32"  # untouched by rules
+    # A float32 layer's sublayers are float32 by default.
+    assert model.get_layer("mha")._query_dense.dtype_policy.name == "float32"
 
 
 def test_unknown_or_invalid_arguments_raise_clear_errors():
     model = lstm_model()
-    with pytest.raises(ValueError, match=re.escape("Received: recipe='vit'. Allowed: cnn, rnn, transformer")):
+    with pytest.raises(ValueError, match=re.escape("Received: recipe='vit'. Allowed: 'cnn', 'rnn', 'transformer'")):
         recipes.apply_recipe(model, "vit")
     with pytest.raises(TypeError, match="`recipe` must be a string"):
         recipes.apply_recipe(model, None)
     with pytest.raises(TypeError, match=r"`rules` must be None or a mapping.*Received: rules=\[\('lstm'"):
         recipes.apply_recipe(model, "rnn", rules=[("lstm", "float32")])
-    with pytest.raises(ValueError, match=re.escape("Received: rules['lstm']='int8'. Allowed: bfloat16, float16")):
+    with pytest.raises(ValueError, match=re.escape("Received: rules['lstm']='int8'. Allowed: float32, mixed_bfloat16")):
         recipes.apply_recipe(model, "rnn", rules={"lstm": "int8"})
-    with pytest.raises(ValueError, match=r"not a valid regex.*Received: rules key '\(lstm'"):
+    with pytest.raises(ValueError, match=re.escape("Received: rules['lstm']='bfloat16'")):
+        recipes.apply_recipe(model, "rnn", rules={"lstm": "bfloat16"})  # would need 16-bit variables
+    with pytest.raises(ValueError, match=r"valid regex.*Received: rules key '\(lstm'"):
         recipes.apply_recipe(model, "rnn", rules={"(lstm": "float32"})
     with pytest.raises(TypeError, match="Received: rules key 3 of type int"):
         recipes.apply_recipe(model, "rnn", rules={3: "float32"})
     with pytest.raises(TypeError, match="Received: rules key <class 'int'>"):
         recipes.apply_recipe(model, "rnn", rules={int: "float32"})
-
-
-def test_subclassed_and_unbuilt_models_are_rejected():
-    class Net(keras.Model):
-        def __init__(self):
-            super().__init__()
-            self.dense = keras.layers.Dense(4)
-
-        def call(self, x):
-            return self.dense(x)
-
-    net = Net()
-    net(np.ones((1, 4)))
-    with pytest.raises(TypeError, match="needs a Sequential or functional model.*Received: model of type Net"):
-        recipes.apply_recipe(net, "cnn")
+    with pytest.raises(TypeError, match="`model` must be a keras.Model. Received: model=.* of type Dense"):
+        recipes.apply_recipe(keras.layers.Dense(2), "cnn")
     with pytest.raises(ValueError, match="must be built.*built=False"):
         recipes.apply_recipe(keras.Sequential([keras.layers.Dense(4)]), "cnn")
+    assert layer_policies(model)["lstm"] == keras.config.dtype_policy().name  # nothing was changed
 
 
-def test_model_built_before_enable_is_converted_without_a_warning():
-    model = resnet_cnn()  # float32
+def test_unmatched_rule_is_logged_not_raised(caplog):
     keras_amp.enable("mixed_bfloat16")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", keras_amp.AmpWarning)
-        new = recipes.apply_recipe(model, "cnn")
-    assert layer_policies(new) == expected("cnn", "mixed_bfloat16")
-
-
-def test_compiled_model_is_recompiled_from_its_config():
-    keras_amp.enable("mixed_float16")
-    model = transformer_encoder()
-    model.compile(keras.optimizers.SGD(0.05), loss="mse")
-    new = recipes.apply_recipe(model, "transformer")
-    assert new.compiled and new.optimizer is not model.optimizer
-    assert isinstance(new.optimizer, keras.optimizers.LossScaleOptimizer)
-    assert float(new.optimizer.inner_optimizer.learning_rate) == pytest.approx(0.05)
-
-
-def test_unmatched_rule_is_logged_not_raised():
-    keras_amp.enable("mixed_bfloat16")
-    with warnings.catch_warnings(), mock.patch.object(recipes.logging, "warning") as log:
+    model = lstm_model()
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING):
         warnings.simplefilter("error")
-        new = recipes.apply_recipe(lstm_model(), "rnn", rules={"no_such_layer": "float32", "lstm": "float32"})
-    assert layer_policies(new) == {**expected("rnn", "mixed_bfloat16"), "lstm": "float32"}
-    (call,) = log.call_args_list  # the matching rule is not reported
-    assert "rules matched no layer" in call.args[0] and call.args[-1] == ["no_such_layer"]
+        recipes.apply_recipe(model, "rnn", rules={"no_such_layer": "float32", "gru": "mixed_bfloat16"})
+    assert layer_policies(model) == {**expected("rnn", "mixed_bfloat16"), "gru": "mixed_bfloat16"}
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == ["apply_recipe: rules matched no layer of 'rnn': ['no_such_layer']"]
 
 
-def output_head_model():
+class Island(model_graph.Float32Island, keras.layers.Dense):
+    """A float32 island: keeps float32 whatever the recipe or the rules."""
+
+
+def test_islands_and_non_float_layers_are_left_as_built(caplog):
+    keras_amp.enable("mixed_bfloat16")
     inp = keras.Input((16,))
-    x = amp_layers.OutputHead(16, activation="relu", name="inner_head")(inp)
+    x = Island(16, activation="relu", name="inner_head", dtype="float32")(inp)
     x = keras.layers.Dense(16, name="hidden")(x)
-    return keras.Model(inp, amp_layers.OutputHead(8, name="head")(x))
-
-
-@pytest.mark.parametrize("recipe", recipes.RECIPES)
-def test_output_head_stays_float32_whatever_its_role_and_the_rules(recipe):
-    keras_amp.enable("mixed_bfloat16")
-    model = output_head_model()  # one OutputHead first (not in the last region), one last
-    with mock.patch.object(recipes.logging, "warning") as log:
-        plan = recipes.plan_recipe(model, recipe, rules={keras.layers.Dense: "mixed_bfloat16"})
-    # OutputHead is a Dense: the rule matches it but is skipped there, and said so.
-    assert plan.policies() == {"inner_head": "float32", "hidden": "mixed_bfloat16", "head": "float32"}
-    assert {e.path: e.reason for e in plan.layers}["inner_head"] == "float32 island"
-    skipped = sorted(c.args[2] for c in log.call_args_list if "skipped" in c.args[0])
+    ids = keras.layers.Lambda(lambda t: keras.ops.cast(t, "int32"), dtype="int32", name="ids")(x)
+    model = keras.Model(inp, [Island(8, name="head", dtype="float32")(x), ids])
+    with caplog.at_level(logging.WARNING):
+        plan = recipes.plan_recipe(model, "cnn", rules={keras.layers.Dense: "mixed_bfloat16"})
+    assert plan.policies() == {"inner_head": "float32", "hidden": "mixed_bfloat16", "ids": "int32", "head": "float32"}
+    reasons = {e.path: e.reason for e in plan.layers}
+    assert reasons["inner_head"] == "float32 island: kept as built" and reasons["ids"] == "int32 layer: kept as built"
+    skipped = sorted(r.args[1] for r in caplog.records if "skipped" in r.msg)
     assert skipped == ["head", "inner_head"]
-    # Before the fix the clone raised (OutputHead rejects a non-float32 dtype).
-    new = recipes.apply_recipe(model, recipe, rules={keras.layers.Dense: "mixed_bfloat16", "head": "float16"})
-    assert layer_policies(new) == plan.policies()
-    assert isinstance(new.get_layer("head"), amp_layers.OutputHead)
-    x = np.random.default_rng(0).standard_normal((2, 16)).astype("float32")
-    assert np.all(np.isfinite(keras.ops.convert_to_numpy(new(x))))
 
 
-def test_recipe_model_is_tagged_and_not_flagged_as_built_before_enable():
+def test_a_float32_sublayer_inside_a_16bit_layer_is_kept():
+    class Attention(keras.layers.Layer):  # like keras-hub's: its softmax built float32 on purpose
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.proj = keras.layers.Dense(8, name="proj")
+            self.scores = keras.layers.Dense(8, dtype="float32", name="scores")
+
+        def call(self, x):
+            return self.scores(self.proj(x))
+
     keras_amp.enable("mixed_bfloat16")
+    inp = keras.Input((8,))
+    model = keras.Model(inp, Attention(name="attn")(keras.layers.Dense(8, name="d")(inp)))
+    plan = recipes.plan_recipe(model, "transformer")
+    assert plan.policies() == {"d": "mixed_bfloat16", "attn": "mixed_bfloat16", "attn/proj": "mixed_bfloat16", "attn/scores": "float32"}
+    assert {e.path: e.reason for e in plan.layers}["attn/scores"] == "kept: built float32 inside a bfloat16 parent"
+
+
+def test_recipe_model_is_not_flagged_as_built_before_enable():
     inp = keras.Input((16,))
     model = keras.Model(inp, keras.layers.Dense(8, name="d2")(keras.layers.Dense(16, name="d1")(inp)))
+    keras_amp.enable("mixed_bfloat16")
+    assert model_graph.is_stale(model)  # guard: built before enable(), it is stale
     with warnings.catch_warnings():
         warnings.simplefilter("error", keras_amp.AmpWarning)
-        new = recipes.apply_recipe(model, "cnn")
+        recipes.apply_recipe(model, "cnn")
         # First and last layers float32 is the recipe, not a model built before enable().
-        assert set(layer_policies(new).values()) == {"float32"}
-        assert new._keras_amp_recipe == "cnn"
-        assert keras_amp.policy.warn_if_built_before_enable(new, caller="test") is False
+        assert set(layer_policies(model).values()) == {"float32"}
+        assert model_graph.warn_if_built_before_enable(model, caller="test") is False
+    assert not [a for a in vars(model) if a.startswith("_keras_amp")]  # no marker attribute
 
 
 def bidirectional_model():
@@ -345,31 +499,28 @@ def bidirectional_model():
 def test_rnn_recipe_reaches_inside_bidirectional_and_time_distributed():
     keras_amp.enable("mixed_bfloat16")
     model = bidirectional_model()
-    new = recipes.apply_recipe(model, "rnn")
-    bi, head = new.get_layer("bi"), new.get_layer("per_step")
-    assert type(bi.forward_layer) is amp_layers.LSTM and type(bi.backward_layer) is amp_layers.LSTM
-    assert bi.backward_layer.go_backwards
-    assert {bi.forward_layer.dtype_policy.name, bi.backward_layer.dtype_policy.name} == {"mixed_bfloat16"}
-    # Guard: without retargeting, the inner Dense would keep its own mixed policy and emit bfloat16.
-    assert model.get_layer("per_step").layer.dtype_policy.name == "mixed_bfloat16"
-    assert head.layer.dtype_policy.name == "float32" and new.outputs[0].dtype == "float32"
-    for old, fresh in zip(model.weights, new.weights):
-        np.testing.assert_array_equal(fresh.numpy(), old.numpy())
+    # Guard: built under the mixed policy, every inner layer computes in bfloat16.
+    assert model.get_layer("bi").forward_layer.cell.compute_dtype == "bfloat16"
+    recipes.apply_recipe(model, "rnn")
+    bi, head = model.get_layer("bi"), model.get_layer("per_step")
+    inner = [bi.forward_layer, bi.backward_layer, bi.forward_layer.cell, bi.backward_layer.cell, head.layer]
+    assert [l.dtype_policy.name for l in inner] == ["float32"] * 5
+    x = np.random.default_rng(0).normal(size=(2, 6, 4)).astype("float32")
+    assert keras.backend.standardize_dtype(model(x).dtype) == "float32"
 
 
 def test_recipe_model_round_trips_through_keras_file(tmp_path):
     keras_amp.enable("mixed_bfloat16")
-    model = recipes.apply_recipe(transformer_encoder(), "transformer")
-    path = tmp_path / "encoder.keras"
+    model = recipes.apply_recipe(resnet_cnn(), "cnn")
+    path = tmp_path / "resnet.keras"
     model.save(path)
     loaded = keras.saving.load_model(path)
-    assert layer_policies(loaded) == expected("transformer", "mixed_bfloat16")
-    assert type(loaded.get_layer("mha")) is amp_layers.MultiHeadAttention
-    x = np.arange(16, dtype="int32").reshape(2, 8) % 32
+    assert layer_policies(loaded) == expected("cnn", "mixed_bfloat16")
+    x = _data("cnn", n=2)[0]
     np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
 
 
-def test_float32_head_holds_where_the_stock_float16_head_overflows():
+def test_float16_head_overflows_unless_a_rule_pins_it():
     keras_amp.enable("mixed_float16")
     inp = keras.Input((16,))
     hidden = keras.layers.Dense(16, name="hidden")(inp)
@@ -378,7 +529,45 @@ def test_float32_head_holds_where_the_stock_float16_head_overflows():
     model.get_layer("head").set_weights([np.full((16, 1), 1000.0, "float32"), np.zeros(1, "float32")])
     x = np.full((2, 16), 5.0, "float32")
     ref = x.astype(np.float64).sum(axis=1, keepdims=True) * 1000.0  # 80000 > float16 max 65504
-    stock = np.asarray(model.predict(x, verbose=0), np.float64)
-    assert np.all(np.isinf(stock))  # stock: the float16 head overflows
-    fixed = np.asarray(recipes.apply_recipe(model, "transformer").predict(x, verbose=0), np.float64)
+    # The transformer recipe leaves the head in the compute dtype: as stock, it overflows here.
+    recipes.apply_recipe(model, "transformer")
+    assert np.all(np.isinf(np.asarray(model.predict(x, verbose=0), np.float64)))
+    recipes.apply_recipe(model, "transformer", rules={"head": "float32"})
+    fixed = np.asarray(model.predict(x, verbose=0), np.float64)
     np.testing.assert_allclose(fixed, ref, rtol=1e-6)  # hidden values 5.0 are exact in float16
+
+
+def test_keras_amp_island_layers_are_left_as_built():
+    from keras_amp import layers as amp_layers
+
+    keras_amp.enable("mixed_bfloat16")
+    inp = keras.Input((6, 4))
+    h = amp_layers.LSTM(8, return_sequences=True, name="lstm")(inp)
+    model = keras.Model(inp, amp_layers.OutputHead(2, name="head")(h))
+    plan = recipes.plan_recipe(model, "rnn", rules={"head": "mixed_bfloat16"})
+    assert {e.path: (e.policy, e.reason) for e in plan.layers} == {
+        "lstm": ("mixed_bfloat16", "float32 island: kept as built"),
+        "head": ("float32", "float32 island: kept as built"),
+    }
+
+
+@pytest.mark.parametrize("adapted", [False, True], ids=["given_mean", "adapted"])
+def test_build_time_constants_follow_the_new_policy(adapted):
+    # keras.layers.Normalization casts its mean and variance to the compute dtype when built
+    # (EfficientNetV2's and MobileNetV3's input layers): a policy change must recompute them.
+    keras_amp.enable("mixed_bfloat16")
+    mean, variance = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225]) ** 2
+    x = np.random.default_rng(0).uniform(0, 1, (2, 4, 4, 3)).astype("float32")
+    if adapted:
+        norm = keras.layers.Normalization(name="norm")
+        norm.adapt(x)
+        mean, variance = norm.adapt_mean.numpy().astype(np.float64), norm.adapt_variance.numpy().astype(np.float64)
+    else:
+        norm = keras.layers.Normalization(mean=mean, variance=variance, name="norm")
+    inp = keras.Input((4, 4, 3))
+    model = keras.Model(inp, keras.layers.Conv2D(2, 1, name="conv")(norm(inp)))
+    assert keras.backend.standardize_dtype(norm.mean.dtype) == "bfloat16"  # guard: cached in bfloat16
+    recipes.apply_recipe(model, "cnn")  # first layers float32: the normalisation among them
+    assert norm.dtype_policy.name == "float32"
+    ref = (x.astype(np.float64) - mean) / np.sqrt(variance)
+    np.testing.assert_allclose(np.asarray(norm(x), np.float64), ref, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,302 @@
+"""Model inspection: the layer taxonomy, float32 islands, walking any model, its graph, staleness.
+
+The one place that knows how a Keras model is put together. `walk()` reaches every layer of a
+Sequential, functional (operator nodes such as `x + y` included on request), nested or subclassed
+model; `graph()` gives a functional model's edges; `boundary()` the layers at its inputs or
+outputs; `is_island()` says whether a layer is a deliberate float32 island; `is_stale()` whether a
+model was built before `keras_amp.enable()`. recipes, check and diagnostics stand on this module.
+
+Written against Keras 3.15.1: a functional model's graph is recorded only in private attributes
+(`_nodes_by_depth`, `Node.parent_nodes`, `KerasTensor._keras_history`) and a layer's children only
+in `Layer._flatten_layers`; tests/test_keras_guards_recipes.py guards each of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import warnings
+from typing import Any, Callable, Iterator
+
+import keras
+
+from keras_amp import policy as amp_policy
+
+# Every Keras convolution class: heavy layers, and the "cnn" recipe's convolutions.
+CONV_LAYERS = (
+    keras.layers.Conv1D,
+    keras.layers.Conv2D,
+    keras.layers.Conv3D,
+    keras.layers.Conv1DTranspose,
+    keras.layers.Conv2DTranspose,
+    keras.layers.Conv3DTranspose,
+    keras.layers.DepthwiseConv1D,
+    keras.layers.DepthwiseConv2D,
+    keras.layers.SeparableConv1D,
+    keras.layers.SeparableConv2D,
+)
+# Layers whose compute dtype decides mixed-precision speed (the matmuls and convolutions).
+HEAVY_LAYERS = (
+    keras.layers.Dense,
+    keras.layers.EinsumDense,
+    keras.layers.Embedding,
+    keras.layers.MultiHeadAttention,
+) + CONV_LAYERS
+# Activations by the op type that makes them unsafe in 16 bits. Softmax-type: the normaliser is a
+# long sum of exponentials that loses precision in 16 bits (and float16 inputs overflow exp).
+# Exp/log-type: exp(x) overflows float16 for x > 11.09.
+SOFTMAX_ACTIVATIONS = (keras.activations.softmax, keras.activations.log_softmax)
+EXP_ACTIVATIONS = (keras.activations.exponential, keras.activations.softplus, keras.activations.log_sigmoid)
+OP_KINDS = ("softmax", "exp", "normalization", "loss")
+_NORMALIZATION_NAME = re.compile(r".*Norm(alization)?")
+
+
+class Float32Island:
+    """Marker mixin: a layer that keeps its sensitive numerics in float32 under any policy.
+
+    keras_amp's island layers (`keras_amp.layers.Float32`, `OutputHead`, the float32-inside
+    normalisation, attention and recurrent layers) inherit it. An island is correct by
+    construction: `check_model` does not flag it, `is_stale` does not count it, and the
+    walkers do not look inside it unless asked.
+    """
+
+
+def is_island(layer: Any) -> bool:
+    """Whether `layer` is a float32 island (an instance of `Float32Island`)."""
+    return isinstance(layer, Float32Island)
+
+
+def is_graph(layer: Any) -> bool:
+    """Whether `layer` is a model whose layer graph Keras records (Sequential or functional)."""
+    return isinstance(layer, keras.Sequential) or (
+        isinstance(layer, keras.Model) and hasattr(layer, "_nodes_by_depth")
+    )
+
+
+def is_layer(node: Any) -> bool:
+    """Whether a graph node is a layer (operator nodes such as `x + y` are `keras.Operation`s)."""
+    return isinstance(node, keras.layers.Layer)
+
+
+def op_kind(layer: Any) -> str | None:
+    """The deny-list op type `layer` computes ("softmax", "exp", "normalization", "loss"), or None.
+
+    Normalisation layers are recognised by class (Keras's) or by a class name ending in "Norm" /
+    "Normalization" (user-written and keras-hub ones); "loss" is a layer with an activity
+    regularizer, whose penalty (e.g. sum of squares) is computed in the layer's compute dtype.
+    A wrapper has its inner layer's kind (TimeDistributed(Dense(activation="softmax")) is a
+    softmax), except an island, which already computes it in float32.
+    """
+    if not is_layer(layer):
+        return None
+    if isinstance(layer, keras.layers.Wrapper) and not is_island(layer):
+        return op_kind(layer.layer)
+    activation = getattr(layer, "activation", None)
+    if isinstance(layer, keras.layers.Softmax) or any(activation is f for f in SOFTMAX_ACTIVATIONS):
+        return "softmax"
+    if any(activation is f for f in EXP_ACTIVATIONS):
+        return "exp"
+    if any(_NORMALIZATION_NAME.fullmatch(cls.__name__) for cls in type(layer).__mro__[:-1]):
+        if not isinstance(layer, keras.Model):
+            return "normalization"
+    if getattr(layer, "activity_regularizer", None) is not None:
+        return "loss"
+    return None
+
+
+def children(layer: Any, *, operations: bool = False) -> list:
+    """`layer`'s direct sublayers in model order (graph order for Sequential/functional models).
+
+    Input layers are left out. With `operations=True`, a functional model's operator nodes
+    (`x + y`, `ops.softmax(x)` applied to symbolic tensors: `keras.Operation`s, not layers)
+    are included at their place in the graph.
+    """
+    if isinstance(layer, keras.Sequential):
+        found = list(layer.layers)
+    elif is_graph(layer):
+        found = [op for op in layer.operations if operations or is_layer(op)]
+    elif is_layer(layer):
+        # Keras 3.15 API (also used by summary()): tracked sublayers in attribute order.
+        found = list(layer._flatten_layers(include_self=False, recursive=False))
+    else:
+        return []
+    return [c for c in found if not isinstance(c, keras.layers.InputLayer)]
+
+
+def walk(
+    model: Any,
+    *,
+    operations: bool = False,
+    into: Callable[[Any], bool] | None = None,
+) -> Iterator[tuple[str, Any]]:
+    """Yields `(path, layer)` for every layer under `model`, parents before their children.
+
+    Works on Sequential, functional, nested and subclassed models and on any layer. The path
+    is the chain of names below `model` ("block/attention/query"). A layer shared in several
+    places is yielded once, at its first place.
+
+    Args:
+        model: A `keras.Model` or `keras.layers.Layer`; itself is not yielded.
+        operations: Bool, default False. Also yield a functional model's operator nodes
+            (`keras.Operation`s, not layers), which have no sublayers.
+        into: Callable or None. `into(layer) -> bool` decides whether to visit `layer`'s
+            sublayers; None visits all of them. `lambda l: not is_island(l)` stops at islands.
+
+    Example:
+        >>> for path, layer in keras_amp.model_graph.walk(model):
+        ...     print(path, layer.compute_dtype)
+    """
+    seen: set[int] = set()
+
+    def visit(parent, prefix):
+        for child in children(parent, operations=operations):
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            path = f"{prefix}{child.name}"
+            yield path, child
+            if is_layer(child) and (into is None or into(child)):
+                yield from visit(child, f"{path}/")
+
+    yield from visit(model, "")
+
+
+def leaves(model: Any, *, into: Callable[[Any], bool] | None = None) -> list[tuple[str, Any]]:
+    """`(path, layer)` for the layers under `model` with no sublayers (or not descended into)."""
+    return [
+        (path, layer) for path, layer in walk(model, into=into)
+        if not (into is None or into(layer)) or not children(layer)
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Graph:
+    """A Sequential or functional model's graph, one level deep (nested models are nodes).
+
+    Args:
+        nodes: Tuple. Layers and operator nodes in graph order, input layers left out.
+        predecessors: Dict. id(node) -> list of nodes feeding it.
+        successors: Dict. id(node) -> list of nodes it feeds.
+        first: Tuple. Nodes fed by a model input.
+        last: Tuple. Nodes producing a model output.
+    """
+
+    nodes: tuple
+    predecessors: dict
+    successors: dict
+    first: tuple
+    last: tuple
+
+
+def graph(model: keras.Model) -> Graph:
+    """The `Graph` of a Sequential or functional `model`; TypeError for any other model."""
+    if isinstance(model, keras.Sequential):
+        layers = children(model)
+        preds = {id(b): [a] for a, b in zip(layers, layers[1:])}
+        succs = {id(a): [b] for a, b in zip(layers, layers[1:])}
+        return Graph(tuple(layers), preds, succs, tuple(layers[:1]), tuple(layers[-1:]))
+    if not is_graph(model):
+        raise TypeError(
+            "`model` must be a Sequential or functional keras.Model: a subclassed model's graph is "
+            f"not recorded by Keras. Received: model of type {type(model).__name__}"
+        )
+    preds: dict[int, list] = {}
+    succs: dict[int, list] = {}
+    first: list = []
+    for nodes in model._nodes_by_depth.values():
+        for node in nodes:
+            op = node.operation
+            for parent in node.parent_nodes:
+                if isinstance(parent.operation, keras.layers.InputLayer):
+                    if op not in first and not isinstance(op, keras.layers.InputLayer):
+                        first.append(op)
+                    continue
+                preds.setdefault(id(op), []).append(parent.operation)
+                succs.setdefault(id(parent.operation), []).append(op)
+    last: list = []
+    for tensor in keras.tree.flatten(model.outputs):
+        op = tensor._keras_history.operation
+        if op not in last and not isinstance(op, keras.layers.InputLayer):
+            last.append(op)
+    nodes = tuple(children(model, operations=True))
+    order = {id(n): i for i, n in enumerate(nodes)}
+    first.sort(key=lambda n: order.get(id(n), 0))
+    return Graph(nodes, preds, succs, tuple(first), tuple(last))
+
+
+def _has_weights(node: Any) -> bool:
+    return is_layer(node) and bool(node.weights)
+
+
+def boundary(model: keras.Model, *, first: bool) -> set[int]:
+    """ids of the layers and operator nodes from the inputs (`first`) or outputs up to the first weighted layer.
+
+    "First"/"last" layers are those reached from the inputs (outputs) through parameter-free
+    layers and operator nodes up to the first layer with weights, so `Rescaling -> Conv2D` or
+    `Dense -> Activation("softmax")` are one region. Nested Sequential/functional models are
+    entered; any other layer with sublayers (a wrapper, a composite block) counts as one layer.
+    For a subclassed `model`, whose call order Keras does not record, the attribute order of its
+    weighted leaves stands in.
+    """
+    found: set[int] = set()
+    if not is_graph(model):
+        weighted = [layer for _, layer in leaves(model) if layer.weights]
+        if weighted:
+            found.add(id(weighted[0] if first else weighted[-1]))
+        return found
+    g = graph(model)
+    step = g.successors if first else g.predecessors
+    stack, seen = list(g.first if first else g.last), set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if is_graph(node):
+            found |= boundary(node, first=first)
+        else:
+            found.add(id(node))
+        if _has_weights(node):
+            continue
+        stack.extend(step.get(id(node), []))
+    return found
+
+
+def _not_island(layer: Any) -> bool:
+    return not is_island(layer)
+
+
+def is_stale(model: Any) -> bool:
+    """Whether `model` was built before `keras_amp.enable()` (and not converted since).
+
+    True when a mixed policy is in force, the model's own dtype policy (set from the global
+    policy when the model is constructed, and by `apply_recipe`) is another one, and none of
+    its heavy layers (Dense, EinsumDense, Embedding, MultiHeadAttention, convolutions; islands
+    and what is inside them left out) computes in the policy in force. Needs no mark on the
+    model: a `.keras` reload under `enable()` takes the policy in force.
+    """
+    config = amp_policy.config()
+    if config is None or not isinstance(model, keras.layers.Layer):
+        return False
+    if model.dtype_policy.name == config.policy:
+        return False
+    heavy = [layer for _, layer in walk(model, into=_not_island) if isinstance(layer, HEAVY_LAYERS)]
+    heavy = [layer for layer in heavy if not is_island(layer)]
+    return bool(heavy) and all(layer.compute_dtype != config.compute_dtype for layer in heavy)
+
+
+def warn_if_built_before_enable(model: Any, *, caller: str = "keras_amp") -> bool:
+    """Warns (an `AmpWarning`) and returns True when `is_stale(model)`."""
+    if not is_stale(model):
+        return False
+    config = amp_policy.config()
+    found = sorted({layer.dtype_policy.name for _, layer in walk(model) if isinstance(layer, HEAVY_LAYERS)})
+    warnings.warn(
+        f"{caller}: every Dense/Conv/Embedding/attention layer of model {getattr(model, 'name', model)!r} "
+        f"computes in {', '.join(found)}, none in keras_amp.enable()'s {config.policy!r}: it was probably "
+        "built before enable(), so mixed precision does nothing for it. Build the model after "
+        "keras_amp.enable(), or convert it with keras_amp.apply_recipe().",
+        amp_policy.AmpWarning,
+        stacklevel=3,
+    )
+    return True

@@ -1,0 +1,203 @@
+"""The "tested on" corpus: every model small, random weights, no downloads.
+
+Each `Case` builds a model whose output feeds a loss (a head on top of a backbone), and gives a
+fixed batch. Builders take no arguments and build under whatever dtype policy is in force, so a
+test calls them after `keras_amp.enable(...)` (or before, for the float32 reference).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import keras
+import keras_hub
+import numpy as np
+
+BATCH = 4
+IMAGE = (32, 32, 3)  # the smallest input keras.applications accepts
+CLASSES = 4
+VOCAB = 64
+SEQ = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One corpus model.
+
+    Args:
+        name: String. Test id.
+        recipe: String. The recipe applied to it.
+        build: Callable. Returns the built model (outputs logits or probabilities).
+        data: Callable. Returns `(x, y)`, one batch of `BATCH`.
+        loss: Callable. Returns a fresh `keras.losses.Loss` for the model's output.
+    """
+
+    name: str
+    recipe: str
+    build: Callable[[], keras.Model]
+    data: Callable[[], tuple[Any, Any]]
+    loss: Callable[[], keras.losses.Loss]
+
+
+def _images():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 255, (BATCH,) + IMAGE).astype("float32")
+    return x, rng.integers(0, CLASSES, (BATCH,)).astype("int32")
+
+
+def _tokens():
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, VOCAB, (BATCH, SEQ)).astype("int32")
+    return tokens, np.roll(tokens, -1, axis=1)  # next-token targets
+
+
+def _sparse_probs():
+    return keras.losses.SparseCategoricalCrossentropy()
+
+
+def _sparse_logits():
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def _application(cls, **kwargs):
+    def build():
+        return cls(weights=None, input_shape=IMAGE, classes=CLASSES, **kwargs)
+
+    return build
+
+
+# keras-hub backbones with a head, so there is a loss.
+
+
+def _bert():
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32,
+        max_sequence_length=SEQ, dropout=0.1,
+    )
+    tokens = keras.Input((SEQ,), dtype="int32", name="token_ids")
+    outputs = backbone({
+        "token_ids": tokens,
+        "segment_ids": keras.ops.zeros_like(tokens),
+        "padding_mask": keras.ops.ones_like(tokens),
+    })
+    logits = keras.layers.Dense(CLASSES, name="classifier")(outputs["pooled_output"])
+    return keras.Model(tokens, logits, name="bert_classifier")
+
+
+def _bert_data():
+    tokens, _ = _tokens()
+    return tokens, np.arange(BATCH, dtype="int32") % CLASSES
+
+
+def _causal_lm(backbone):
+    tokens = keras.Input((SEQ,), dtype="int32", name="token_ids")
+    hidden = backbone({"token_ids": tokens, "padding_mask": keras.ops.ones_like(tokens)})
+    logits = keras.layers.Dense(VOCAB, name="lm_head")(hidden)
+    return keras.Model(tokens, logits, name=f"{backbone.name}_lm")
+
+
+def _gpt2():
+    return _causal_lm(keras_hub.models.GPT2Backbone(
+        vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32,
+        max_sequence_length=SEQ, dropout=0.1,
+    ))
+
+
+def _llama():
+    return _causal_lm(keras_hub.models.LlamaBackbone(
+        vocabulary_size=VOCAB, num_layers=2, num_query_heads=2, num_key_value_heads=1, hidden_dim=16,
+        intermediate_dim=32,
+    ))
+
+
+def _vit():
+    backbone = keras_hub.models.ViTBackbone(
+        image_shape=(16, 16, 3), patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32,
+    )
+    images = keras.Input((16, 16, 3), name="images")
+    tokens = backbone(images)
+    logits = keras.layers.Dense(CLASSES, name="classifier")(tokens[:, 0])  # the class token
+    return keras.Model(images, logits, name="vit_classifier")
+
+
+def _vit_data():
+    rng = np.random.default_rng(0)
+    return rng.uniform(-1, 1, (BATCH, 16, 16, 3)).astype("float32"), rng.integers(0, CLASSES, (BATCH,)).astype("int32")
+
+
+# Written by hand.
+
+
+@keras.saving.register_keras_serializable(package="keras_amp_corpus")
+class TinyTransformer(keras.Model):
+    """A subclassed Transformer LM: embedding, one pre-norm attention block, vocabulary head."""
+
+    def __init__(self, vocabulary_size=VOCAB, hidden_dim=16, num_heads=2, **kwargs):
+        super().__init__(**kwargs)
+        self.vocabulary_size, self.hidden_dim, self.num_heads = vocabulary_size, hidden_dim, num_heads
+        self.embed = keras.layers.Embedding(vocabulary_size, hidden_dim, name="embed")
+        self.norm_1 = keras.layers.LayerNormalization(name="norm_1")
+        self.attention = keras.layers.MultiHeadAttention(num_heads, hidden_dim // num_heads, dropout=0.1, name="attention")
+        self.norm_2 = keras.layers.LayerNormalization(name="norm_2")
+        self.ffn_1 = keras.layers.Dense(2 * hidden_dim, activation="gelu", name="ffn_1")
+        self.ffn_2 = keras.layers.Dense(hidden_dim, name="ffn_2")
+        self.head = keras.layers.Dense(vocabulary_size, name="head")
+
+    def call(self, tokens, training=False):
+        h = self.embed(tokens)
+        n = self.norm_1(h)
+        h = h + self.attention(n, n, use_causal_mask=True, training=training)
+        h = h + self.ffn_2(self.ffn_1(self.norm_2(h)))
+        return self.head(h)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "vocabulary_size": self.vocabulary_size, "hidden_dim": self.hidden_dim, "num_heads": self.num_heads,
+        }
+
+
+def _subclassed_transformer():
+    model = TinyTransformer(name="subclassed_transformer")
+    model(np.zeros((1, SEQ), "int32"))
+    return model
+
+
+def _functional_transformer():
+    tokens = keras.Input((SEQ,), dtype="int32", name="tokens")
+    h = keras.layers.Embedding(VOCAB, 16, name="embed")(tokens)
+    a = keras.layers.MultiHeadAttention(2, 8, dropout=0.1, name="attention")(h, h, use_causal_mask=True)
+    h = keras.layers.LayerNormalization(name="norm_1")(h + a)  # operator nodes, not Add layers
+    f = keras.layers.Dense(16, name="ffn_2")(keras.layers.Dense(32, activation="relu", name="ffn_1")(h))
+    h = keras.layers.LayerNormalization(name="norm_2")(h + f)
+    logits = keras.layers.Dense(VOCAB, name="head")(h)
+    return keras.Model(tokens, logits, name="functional_transformer")
+
+
+def _bilstm_tagger():
+    tokens = keras.Input((SEQ,), dtype="int32", name="tokens")
+    h = keras.layers.Embedding(VOCAB, 16, name="embed")(tokens)
+    h = keras.layers.Bidirectional(keras.layers.LSTM(16, return_sequences=True), name="bilstm")(h)
+    logits = keras.layers.Dense(CLASSES, name="tags")(h)
+    return keras.Model(tokens, logits, name="bilstm_tagger")
+
+
+def _tag_data():
+    tokens, _ = _tokens()
+    return tokens, (tokens % CLASSES).astype("int32")
+
+
+CASES = (
+    Case("resnet50v2", "cnn", _application(keras.applications.ResNet50V2), _images, _sparse_probs),
+    Case("mobilenetv3small", "cnn", _application(keras.applications.MobileNetV3Small), _images, _sparse_probs),
+    Case("efficientnetv2b0", "cnn", _application(keras.applications.EfficientNetV2B0), _images, _sparse_probs),
+    Case("convnexttiny", "cnn", _application(keras.applications.ConvNeXtTiny), _images, _sparse_probs),
+    Case("bert", "transformer", _bert, _bert_data, _sparse_logits),
+    Case("gpt2", "transformer", _gpt2, _tokens, _sparse_logits),
+    Case("llama", "transformer", _llama, _tokens, _sparse_logits),
+    Case("vit", "transformer", _vit, _vit_data, _sparse_logits),
+    Case("subclassed_transformer", "transformer", _subclassed_transformer, _tokens, _sparse_logits),
+    Case("functional_transformer", "transformer", _functional_transformer, _tokens, _sparse_logits),
+    Case("bilstm_tagger", "rnn", _bilstm_tagger, _tag_data, _sparse_logits),
+)
