@@ -1,0 +1,131 @@
+"""Runs configurations and prints what mixed precision bought.
+
+One configuration trains in this process. Several (the mixed-precision run and its float32
+twin) each train in their own spawned process, so each one's peak memory is its own, and they
+take turns epoch by epoch (the order alternating), so load from other programs on the machine
+hits both alike. Both see the same seed, hence the same initial weights and the same batches.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from typing import Any
+
+from common.trainer import Settings, Trainer
+
+
+def _child(conn, settings: Settings, policy: str, label: str) -> None:
+    try:
+        trainer = Trainer(settings, policy, label=label)
+        conn.send(("ready", None))
+        while True:
+            command, arg = conn.recv()
+            if command == "epoch":
+                conn.send(("logs", trainer.run_epoch(arg)))
+            else:
+                conn.send(("result", trainer.finish()))
+                return
+    except BaseException as e:  # report, then let the parent stop
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        raise
+
+
+class _Remote:
+    """A `Trainer` in a spawned process, driven over a pipe."""
+
+    def __init__(self, context, settings: Settings, policy: str, label: str):
+        self.label = label
+        self.conn, child_conn = context.Pipe()
+        self.process = context.Process(target=_child, args=(child_conn, settings, policy, label), daemon=True)
+        self.process.start()
+        self._expect("ready")
+
+    def _expect(self, kind: str):
+        try:
+            got, value = self.conn.recv()
+        except EOFError:
+            self.process.join(5)
+            raise RuntimeError(f"{self.label} run died (exit code {self.process.exitcode})") from None
+        if got == "error":
+            raise RuntimeError(f"{self.label} run failed: {value}")
+        return value
+
+    def run_epoch(self, epoch: int) -> dict[str, float]:
+        self.conn.send(("epoch", epoch))
+        return self._expect("logs")
+
+    def finish(self) -> dict[str, Any]:
+        self.conn.send(("finish", None))
+        result = self._expect("result")
+        self.process.join(60)
+        return result
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+
+
+def run(settings: Settings, configs: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Trains each `(label, policy)` for `settings.epochs` epochs; returns their results in order."""
+    runs: list = []
+    try:
+        if len(configs) == 1:
+            runs.append(Trainer(settings, configs[0][1], label=configs[0][0]))
+        else:
+            context = multiprocessing.get_context("spawn")
+            runs.extend(_Remote(context, settings, policy, label) for label, policy in configs)
+        train_s = [0.0] * len(runs)
+        order = list(range(len(runs)))
+        for epoch in range(settings.epochs):
+            for i in order if epoch % 2 == 0 else order[::-1]:
+                print(f"[{runs[i].label}] epoch {epoch + 1}/{settings.epochs}", flush=True)
+                start = time.perf_counter()
+                runs[i].run_epoch(epoch)
+                train_s[i] += time.perf_counter() - start
+        results = [r.finish() for r in runs]
+        for result, seconds in zip(results, train_s):
+            result["train_s"] = seconds
+        return results
+    finally:
+        for remote in runs:
+            if isinstance(remote, _Remote):
+                remote.close()
+
+
+def _fmt(value, spec: str, unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{unit}"
+
+
+def summary(results: list[dict[str, Any]]) -> str:
+    """A table of the runs, the speed-up and memory ratio against the float32 run, and the checks."""
+    rows = [("run", "policy", "eval loss", "eval acc", "train loss", "median step", "peak RSS+", "TF alloc peak")]
+    for r in results:
+        rows.append((r["label"], r["policy"], _fmt(r["eval_loss"], ".4f"), _fmt(r["eval_accuracy"], ".4f"),
+                     _fmt(r["train_loss"], ".4f"), _fmt(r["median_step_s"] and 1e3 * r["median_step_s"], ".1f", " ms"),
+                     _fmt(r["rss_above_baseline_mib"], ".0f", " MiB"), _fmt(r["allocator_peak_mib"], ".0f", " MiB")))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
+    first = results[0]
+    lines.append(f"data: {first['data']}; model: {first['params']:,} parameters")
+    lines.append("training time (set-up excluded): " + ", ".join(f"{r['label']} {r['train_s']:.0f} s" for r in results))
+    for r in results:
+        if "loss_scale" in r:
+            lines.append(f"{r['label']}: loss scale {r['loss_scale']:g}, skipped (overflow) steps "
+                         f"{r['overflow_count']} of {r['total_steps']}")
+    base = next((r for r in results if r["policy"] == "float32"), None)
+    for r in results:
+        if r is base or base is None:
+            continue
+        if r["median_step_s"] and base["median_step_s"]:
+            lines.append(f"speed-up {r['label']} vs float32: {base['median_step_s'] / r['median_step_s']:.2f}x "
+                         f"(median step over {r['timed_steps']} and {base['timed_steps']} steps after warm-up)")
+        lines.append(f"accuracy {r['label']} - float32: {100 * (r['eval_accuracy'] - base['eval_accuracy']):+.2f} "
+                     f"points; loss {100 * (r['eval_loss'] / base['eval_loss'] - 1):+.2f}%")
+    for r in results:
+        if r["policy"] != "float32":
+            lines.append(f"{r['label']}: {r['check_model']}")
+    for r in results:
+        lines.append(f"{r['label']}: TensorBoard logs and checkpoint in {r['log_dir']}")
+    return "\n".join(lines)

@@ -1,0 +1,84 @@
+"""The examples' shared absl flags and their `main`."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+from absl import flags
+
+from common import data as data_lib
+
+FLAGS = flags.FLAGS
+POLICIES = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
+TIERS = ("auto", "none", "small", "medium", "large")
+
+
+def define(*, dataset: str = "pydoc", datasets=data_lib.DATASETS, epochs: int, batch_size: int,
+           steps_per_epoch: int, seq_len: int = 128, width: int, depth: int, learning_rate: float = 1e-3) -> None:
+    """Defines the flags every example takes, with that example's defaults."""
+    flags.DEFINE_enum("policy", "auto", POLICIES, "Precision policy; auto picks by hardware.")
+    flags.DEFINE_enum("dataset", dataset, list(datasets),
+                      "Data set: pydoc is offline (Python's documentation text); the others come "
+                      "through tensorflow-datasets (network on first use).")
+    flags.DEFINE_integer("epochs", epochs, "Training epochs.", lower_bound=1)
+    flags.DEFINE_integer("batch_size", batch_size, "Global batch size.", lower_bound=1)
+    flags.DEFINE_integer("steps_per_epoch", steps_per_epoch, "Steps per epoch.", lower_bound=1)
+    flags.DEFINE_integer("seq_len", seq_len, "Tokens per example (text data sets).", lower_bound=2)
+    flags.DEFINE_integer("width", width, "Model width (channels / embedding size).", lower_bound=1)
+    flags.DEFINE_integer("depth", depth, "Residual blocks / Transformer blocks / LSTM layers.", lower_bound=1)
+    flags.DEFINE_float("learning_rate", learning_rate, "Adam learning rate.", lower_bound=0.0)
+    flags.DEFINE_enum("tier", "auto", TIERS, "Loss-scale tier under mixed_float16 (none: Keras defaults).")
+    flags.DEFINE_bool("compare_float32", False,
+                      "Also train the float32 twin on the same data and seed, and print both.")
+    flags.DEFINE_string("model_dir", os.path.join(tempfile.gettempdir(), "keras_amp_examples"),
+                        "Checkpoints and TensorBoard logs go to <model_dir>/<run>/.")
+    flags.DEFINE_integer("seed", 0, "Random seed (weights and data order).")
+    flags.DEFINE_integer("eval_steps", None, "Held-out batches to evaluate (default: all).", lower_bound=1)
+    flags.DEFINE_integer("max_examples", None, "Training examples of a tfds classification set (default: all).",
+                         lower_bound=1)
+    flags.DEFINE_string("data_dir", None, "tensorflow-datasets data directory.")
+    flags.DEFINE_bool("show_plan", False, "Print keras_amp.plan_recipe: each layer's policy and why.")
+    flags.DEFINE_string("results_file", None, "Also write the runs' figures to this JSON file.")
+    flags.DEFINE_integer("verbose", 1, "Keras fit verbosity (1: progress bar, 2: one line per epoch).")
+
+
+def settings(family: str, recipe: str, name: str, **overrides):
+    """`Settings` from the parsed flags; runs go to <model_dir>/<name>-<label>."""
+    from common.trainer import Settings
+
+    values = dict(
+        family=family, recipe=recipe, dataset=FLAGS.dataset, epochs=FLAGS.epochs, batch_size=FLAGS.batch_size,
+        steps_per_epoch=FLAGS.steps_per_epoch, seq_len=FLAGS.seq_len, width=FLAGS.width, depth=FLAGS.depth,
+        learning_rate=FLAGS.learning_rate, tier=None if FLAGS.tier == "none" else FLAGS.tier, seed=FLAGS.seed,
+        model_dir=os.path.join(FLAGS.model_dir, name), eval_steps=FLAGS.eval_steps,
+        max_examples=FLAGS.max_examples, data_dir=FLAGS.data_dir, verbose=FLAGS.verbose,
+        show_plan=FLAGS.show_plan)
+    values.update(overrides)
+    return Settings(**values)
+
+
+def configs() -> list[tuple[str, str]]:
+    """(label, policy) runs: the requested policy, then float32 when --compare_float32."""
+    runs = [(FLAGS.policy, FLAGS.policy)]
+    if FLAGS.compare_float32 and FLAGS.policy != "float32":
+        runs.append(("float32", "float32"))
+    return runs
+
+
+def main(family: str, recipe: str, name: str, **overrides) -> int:
+    """Trains as the flags say and prints the summary."""
+    from common import compare
+
+    results = compare.run(settings(family, recipe, name, **overrides), configs())
+    print(compare.summary(results), flush=True)
+    write_results(results)
+    return 0
+
+
+def write_results(results) -> None:
+    """Writes `results` to --results_file, if given."""
+    if FLAGS.results_file:
+        with open(FLAGS.results_file, "w") as f:
+            json.dump(results, f, indent=1)

@@ -1,0 +1,231 @@
+"""One training configuration: policy -> data -> model -> recipe -> compile -> epochs -> a result.
+
+`Trainer` is driven one epoch at a time, so `common.compare` can interleave a float32 twin with
+the mixed-precision run (neighbours' load then hits both alike). A result holds the held-out
+loss and accuracy, the median step time after warm-up, peak memory, the loss-scale counters
+and the `check_model` verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import resource
+import statistics
+import time
+from typing import Any, Callable
+
+LOSS = "sparse_categorical_crossentropy"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What one run trains (the examples' flags)."""
+
+    family: str
+    recipe: str
+    dataset: str
+    epochs: int
+    batch_size: int
+    steps_per_epoch: int
+    seq_len: int
+    width: int
+    depth: int
+    learning_rate: float
+    tier: str | None
+    seed: int
+    model_dir: str
+    eval_steps: int | None = None
+    max_examples: int | None = None
+    data_dir: str | None = None
+    verbose: int = 1
+    show_plan: bool = False
+    custom_epoch: Callable | None = None  # a custom training loop (custom_loop.py); None: fit
+
+
+def _rss_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+class Memory:
+    """Process peak RSS above a baseline, and TensorFlow's CPU/GPU allocator peak.
+
+    Linux resets the peak-RSS mark (VmHWM) by writing "5" to /proc/self/clear_refs, so the
+    peak counts from `start()`; elsewhere the lifetime peak (ru_maxrss) is used.
+    """
+
+    def __init__(self):
+        self.device = None
+
+    def start(self):
+        import tensorflow as tf
+
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
+        self.baseline_kib = _rss_kib("VmRSS") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        gpus = tf.config.list_logical_devices("GPU")
+        self.device = "GPU:0" if gpus else "CPU:0"
+        try:
+            tf.config.experimental.reset_memory_stats(self.device)
+        except (ValueError, RuntimeError):
+            self.device = None
+
+    def peaks_mib(self) -> dict[str, float | None]:
+        import tensorflow as tf
+
+        peak = _rss_kib("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        allocator = None
+        if self.device is not None:
+            try:
+                allocator = tf.config.experimental.get_memory_info(self.device)["peak"] / 2**20
+            except (ValueError, RuntimeError):
+                allocator = None
+        return {"rss_above_baseline_mib": (peak - self.baseline_kib) / 1024, "allocator_peak_mib": allocator}
+
+
+class StepTimes:
+    """Wall time of each training batch (on_train_batch_begin -> end)."""
+
+    def __init__(self):
+        import keras
+
+        outer = self
+        self.times: list[float] = []
+
+        class _Callback(keras.callbacks.Callback):
+            def on_train_batch_begin(self, batch, logs=None):
+                outer._start = time.perf_counter()
+
+            def on_train_batch_end(self, batch, logs=None):
+                outer.times.append(time.perf_counter() - outer._start)
+
+        self.callback = _Callback()
+
+
+def _StopAfterEpoch():
+    import keras
+
+    class StopAfterEpoch(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            self.model.stop_training = True
+
+    return StopAfterEpoch()
+
+
+class Trainer:
+    """Sets up one configuration under `policy`; `run_epoch()` trains one epoch; `finish()` reports."""
+
+    def __init__(self, settings: Settings, policy: str, *, label: str):
+        import keras
+
+        import keras_amp
+        from common import data as data_lib
+        from common import models
+        from common.scalar_logs import ScalarLogs
+
+        self.settings, self.label = settings, label
+        self.memory = Memory()
+        self.memory.start()
+        self.config = keras_amp.enable(policy)
+        self.data = data_lib.load(settings.dataset, seq_len=settings.seq_len, batch_size=settings.batch_size,
+                                  seed=settings.seed, data_dir=settings.data_dir,
+                                  max_examples=settings.max_examples)
+        keras.utils.set_random_seed(settings.seed)  # same initial weights in every configuration
+        model = models.build(settings.family, self.data, width=settings.width, depth=settings.depth)
+        if self.config.compute_dtype != "float32":
+            if settings.show_plan:
+                print(keras_amp.plan_recipe(model, settings.recipe), flush=True)
+            # Per-layer policies: float32 islands where 16 bits is unsafe.
+            model = keras_amp.apply_recipe(model, settings.recipe)
+        self.model = model
+        # keras_amp's bounded loss scaler under mixed_float16; the Adam itself otherwise.
+        self.optimizer = keras_amp.wrap(keras.optimizers.Adam(settings.learning_rate), tier=settings.tier)
+        self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        self.log_dir = os.path.join(settings.model_dir, label)
+        self.timer = StepTimes()
+        self.history: list[dict[str, float]] = []
+        self.epoch_steps: list[int] = []
+        if settings.custom_epoch is None:
+            model.compile(optimizer=self.optimizer, loss=self.loss_fn, metrics=["accuracy"])
+            self.callbacks = [
+                self.timer.callback,
+                ScalarLogs(os.path.join(self.log_dir, "logs")),
+                keras.callbacks.ModelCheckpoint(os.path.join(self.log_dir, "checkpoint.weights.h5"),
+                                                save_weights_only=True),
+            ]
+            if isinstance(self.optimizer, keras_amp.LossScaleOptimizer):
+                # loss_scale / overflow_count in the progress bar and the scalar logs.
+                self.callbacks.insert(1, keras_amp.callbacks.LossScaleMonitor())
+        self.report = keras_amp.check_model(model)
+
+    def run_epoch(self, epoch: int) -> dict[str, float]:
+        """Trains epoch `epoch` (0-based) and returns its logs."""
+        settings = self.settings
+        before = len(self.timer.times)
+        if settings.custom_epoch is not None:
+            logs = settings.custom_epoch(self, epoch)
+        else:
+            # epochs=settings.epochs so Keras numbers the epoch "3/4"; _StopAfterEpoch ends the call.
+            history = self.model.fit(self.data.train, initial_epoch=epoch, epochs=settings.epochs,
+                                     steps_per_epoch=settings.steps_per_epoch,
+                                     callbacks=self.callbacks + [_StopAfterEpoch()], verbose=settings.verbose,
+                                     shuffle=False)
+            logs = {k: float(v[-1]) for k, v in history.history.items()}
+        self.epoch_steps.append(len(self.timer.times) - before)
+        self.history.append(logs)
+        return logs
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out loss and accuracy (float32 loss on float32 logits)."""
+        import keras
+        import numpy as np
+
+        losses, correct, count = [], 0, 0
+        for step, (x, y) in enumerate(self.data.eval):
+            if self.settings.eval_steps is not None and step >= self.settings.eval_steps:
+                break
+            logits = keras.ops.cast(self.model(x, training=False), "float32")
+            losses.append(float(keras.ops.mean(self.loss_fn(y, logits))) * int(np.prod(y.shape)))
+            hits = keras.ops.equal(keras.ops.cast(keras.ops.argmax(logits, -1), "int32"), keras.ops.cast(y, "int32"))
+            correct += int(keras.ops.sum(keras.ops.cast(hits, "int32")))
+            count += int(np.prod(y.shape))
+        return {"eval_loss": sum(losses) / max(count, 1), "eval_accuracy": correct / max(count, 1)}
+
+    def finish(self) -> dict[str, Any]:
+        """The run's figures; disables keras_amp."""
+        import keras_amp
+
+        # Warm-up: the first epoch (tracing, first pass over the uncached data) is not timed.
+        warm = self.timer.times[self.epoch_steps[0]:] if len(self.epoch_steps) > 1 else self.timer.times[1:]
+        result = {
+            "label": self.label,
+            "policy": self.config.policy,
+            "reason": self.config.reason,
+            "data": self.data.source,
+            "params": int(self.model.count_params()),
+            "train_loss": self.history[-1].get("loss"),
+            "train_accuracy": self.history[-1].get("accuracy"),
+            **self.evaluate(),
+            "median_step_s": statistics.median(warm) if warm else None,
+            "timed_steps": len(warm),
+            **self.memory.peaks_mib(),
+            "check_model": str(self.report),
+            "check_ok": self.report.ok,
+            "log_dir": self.log_dir,
+        }
+        if isinstance(self.optimizer, keras_amp.LossScaleOptimizer):
+            result.update(loss_scale=float(self.optimizer.scale),
+                          overflow_count=int(self.optimizer.overflow_count.numpy()),
+                          total_steps=int(self.optimizer.total_steps.numpy()))
+        keras_amp.disable()
+        return result
