@@ -2,28 +2,30 @@
 
 The forward pass (and, with `backward=True`, the gradient of a scalar made from the outputs) is
 traced as one `tf.function` and then executed, so the batch really runs. The traced graph is the
-record: each op's type (`Softmax`, `Rsqrt`, `SparseSoftmaxCrossEntropyWithLogits`, ...), its
-input dtype, and its name, whose name scopes carry the Keras layer path (Keras opens a name scope
-per layer call; autodiff puts the backward ops under "gradient_tape/"). Bodies of `tf.while_loop`
-and other function-valued attributes (RNNs) are read too. Because the graph is what actually ran,
-raw `tf.*` calls, subclassed models and third-party layers (keras-hub) are covered, not only known
-layer classes.
-
-The graph-reading parts (`traced_graph`, `graph_ops`, `layer_path`, `phase_of`, `op_dtype`) are
-public for other diagnostics (the overflow locator) to reuse.
+record: each op's type (`Softmax`, `Rsqrt`, `SparseSoftmaxCrossEntropyWithLogits`, ...) and its
+input dtype. The layer that ran each op comes from the diagnostic step's attribution
+(`keras_amp.diagnostics.step.attributing`, the one op-to-layer mapping of the package, shared
+with `find_overflow`): each layer's `call` is watched while the function is traced, which is
+exact where name scopes are not (a layer called twice, a layer named like another's uniquified
+scope). Backward ops are those the gradient computation created, by creation order (TF makes
+some outside the "gradient_tape/" name scope). Bodies of `tf.while_loop` and other
+function-valued attributes (RNNs) are read too: an op there belongs to the layer whose call
+created it (an RNN's cell), else to the layer running the loop.
+Because the graph is what actually ran, raw `tf.*` calls, subclassed models and third-party
+layers (keras-hub) are covered, not only known layer classes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any, Iterator
 
 import keras
 import tensorflow as tf
 
-from keras_amp import model_graph, op_rules
+from keras_amp import op_rules
 from keras_amp import validation
+from keras_amp.diagnostics import step as diag_step
 
 # TF op type -> hazard kind (the kinds of `keras_amp.op_rules.RULES`); a kind is a hazard in the
 # dtypes of `op_rules.HAZARD_DTYPES`.
@@ -60,7 +62,6 @@ _PASS_THROUGH = (
 )
 _WEIGHT_PATH = ("Cast", "Identity", "Reshape", "Transpose", "ExpandDims", "Squeeze")
 PHASES = ("forward", "backward")
-_GRADIENT_SCOPE = "gradient_tape"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,75 +128,65 @@ def _scalar(outputs: Any) -> tf.Tensor:
     return tf.add_n(parts) if parts else tf.constant(0.0)
 
 
-def traced_graph(model: keras.Model, x: Any, *, training: bool = False, backward: bool = True):
-    """Traces `model(x)` (+ the backward pass) as a `tf.function`, runs it once; returns the graph."""
+def _traced(model: keras.Model, x: Any, training: bool, backward: bool) -> diag_step.Trace:
+    """Traces `model(x)` (+ the backward pass) with ops attributed to layers; runs it once."""
     inputs = keras.tree.map_structure(tf.convert_to_tensor, x)
+    if not model.built:
+        # Sublayers a layer creates in build() (MultiHeadAttention's projections) must exist
+        # before attribution wraps them; tracing builds the model without running the batch.
+        tf.function(lambda i: model(i, training=training)).get_concrete_function(inputs)
+    trace = diag_step.Trace()
 
     def step(inputs):
+        graph = tf.compat.v1.get_default_graph()
+        trace.graph = graph
+        model_start = len(graph.get_operations())
         with tf.GradientTape() as tape:
-            total = _scalar(model(inputs, training=training))
-        if not backward:
-            return total
-        # Read after the call: an unbuilt model creates its variables in it.
-        grads = [g for g in tape.gradient(total, model.trainable_variables) if g is not None]
-        # Returning the gradients keeps every backward op live, so the batch really runs them.
-        return total, grads
+            outputs = model(inputs, training=training)
+            model_end = len(graph.get_operations())
+            total = _scalar(outputs)
+        forward_end = len(graph.get_operations())
+        result = total
+        if backward:
+            grads = [g for g in tape.gradient(total, model.trainable_variables) if g is not None]
+            # Returning the gradients keeps every backward op live, so the batch really runs them.
+            result = (total, grads)
+        diag_step.assign_owners(trace, graph.get_operations(), forward_end, model_start, model_end, "")
+        return result
 
-    function = tf.function(step)
-    concrete = function.get_concrete_function(inputs)
-    function(inputs)
-    return concrete.graph
-
-
-def graph_ops(graph: tf.Graph, prefix: str = "") -> Iterator[tuple[str, tf.Operation]]:
-    """(full name, op) for every op of `graph`, with the bodies of loops/conditionals/calls inside."""
-    for op in graph.get_operations():
-        name = f"{prefix}{op.name}"
-        yield name, op
-        for attr in op.node_def.attr.values():
-            if not attr.HasField("func"):
-                continue
-            function = graph._get_function(attr.func.name)  # TF 2.21: the nested FuncGraph's owner
-            body = getattr(function, "graph", None)
-            if body is not None:
-                yield from graph_ops(body, f"{name}/")
+    with diag_step.attributing(model, trace):
+        concrete = tf.function(step).get_concrete_function(inputs)
+    concrete(inputs)  # the function traced under attribution (calling the tf.function could retrace)
+    return trace
 
 
-def phase_of(op_name: str) -> str:
-    """"backward" for ops autodiff created (under "gradient_tape/"), "forward" otherwise."""
-    return "backward" if op_name.split("/", 1)[0] == _GRADIENT_SCOPE else "forward"
+def _owner(owner: str) -> str:
+    # The model's own ops, its input conversion, the scalar and gradient sums: outside every layer.
+    return "" if owner in (diag_step.INPUT, diag_step.LOSS, diag_step.GRADIENT_SUM) else owner
 
 
-def _matches(scope: str, name: str) -> bool:
-    # TF makes a reused name scope unique by appending "_<n>".
-    return scope == name or re.fullmatch(re.escape(name) + r"_\d+", scope) is not None
+def graph_ops(trace: diag_step.Trace) -> Iterator[tuple[str, tf.Operation, str, str]]:
+    """(full name, op, layer path, phase) for every traced op, with loop/branch bodies inside.
 
-
-def _child(layer: Any, scope: str) -> Any:
-    found = [c for c in model_graph.children(layer) if model_graph.is_layer(c)]
-    for child in found:
-        if child.name == scope:
-            return child
-    return next((c for c in found if _matches(scope, c.name)), None)
-
-
-def layer_path(op_name: str, model: keras.layers.Layer) -> str:
-    """The path below `model` of the innermost layer whose name scope holds `op_name`, or "".
-
-    Scopes that name no sublayer (an op's own scope such as "moments", a while loop) are skipped.
+    An op in a nested body (a `tf.while_loop`, an RNN's cell) runs in the pass of the op that
+    runs the body, and belongs to the layer whose call created it there, else to that op's layer.
     """
-    parts = op_name.split("/")[:-1]
-    if parts and parts[0] == _GRADIENT_SCOPE:
-        parts = parts[1:]
-    if not parts or not _matches(parts[0], model.name):
-        return ""
-    path, layer = [], model
-    for scope in parts[1:]:
-        child = _child(layer, scope)
-        if child is not None:
-            path.append(child.name)
-            layer = child
-    return "/".join(path)
+    for i, (op, owner) in enumerate(zip(trace.ops, trace.owners)):
+        phase = "backward" if i >= trace.backward_start else "forward"
+        yield from _with_bodies(trace, op, op.name, trace.graph, _owner(owner), phase)
+
+
+def _with_bodies(trace, op: tf.Operation, name: str, graph, path: str, phase: str):
+    yield name, op, path, phase
+    for attr in op.node_def.attr.values():
+        if not attr.HasField("func"):
+            continue
+        function = graph._get_function(attr.func.name)  # TF 2.21: the nested FuncGraph's owner
+        body = getattr(function, "graph", None)
+        if body is not None:
+            owners = diag_step.body_owners(trace, body, path)
+            for inner, owner in zip(body.get_operations(), owners):
+                yield from _with_bodies(trace, inner, f"{name}/{inner.name}", body, owner, phase)
 
 
 def _is_weight(tensor: tf.Tensor) -> bool:
@@ -250,21 +241,21 @@ def audit_model(model: keras.Model, x: Any, *, training: bool = False, backward:
     validation.check_type("model", model, keras.Model, "a keras.Model")
     validation.check_bool("training", training)
     validation.check_bool("backward", backward)
-    graph = traced_graph(model, x, training=training, backward=backward)
-    records, scores = [], set()
-    for name, op in graph_ops(graph):
+    trace = _traced(model, x, training, backward)
+    path_of, records, scores = {}, [], set()
+    for name, op, path, phase in graph_ops(trace):
+        path_of[name] = path
         category = SENSITIVE_OPS.get(op.type)
         dtype = op_dtype(op) if category else None
         if dtype is None:
             continue
-        phase = phase_of(name)
-        records.append(OpRecord(op.type, category, layer_path(name, model), dtype, phase, name))
+        records.append(OpRecord(op.type, category, path, dtype, phase, name))
         if category == "softmax" and phase == "forward":
             matmul = scores_matmul(op)
-            if matmul is not None and matmul.name not in scores:
-                scores.add(matmul.name)
-                full = name[: len(name) - len(op.name)] + matmul.name  # same (possibly nested) graph
-                records.append(
-                    OpRecord(matmul.type, "attention", layer_path(full, model), op_dtype(matmul), phase, full)
-                )
+            full = None if matmul is None else name[: len(name) - len(op.name)] + matmul.name
+            if full is not None and full not in scores:
+                scores.add(full)
+                # The matmul's own creator: QK^T in an attention layer, the softmax in its sublayer.
+                records.append(OpRecord(matmul.type, "attention", path_of.get(full, path),
+                                        op_dtype(matmul), phase, full))
     return AuditReport(model=model.name, records=tuple(records))
