@@ -17,7 +17,7 @@ test: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) examples/quickstart.py
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) examples/demo.py
 
 doctor: $(STAMP)
 	$(VENV)/bin/keras-amp doctor

@@ -9,7 +9,11 @@ How: Keras's public ops (`keras.ops.softmax`, ...) call the TensorFlow backend b
 time (`backend.nn.softmax(x)`), in eager execution, inside `tf.function` and from each op's
 `Operation.call`. The rules replace those backend attributes, so every route reaches them; the
 symbolic route (`compute_output_spec`, used while a functional model is built) is replaced too
-where a rule changes the output dtype, so symbolic and eager dtypes agree.
+where a rule changes the output dtype, so symbolic and eager dtypes agree. The attention-score
+einsum rule also reads which layer is calling: `Layer.__call__` runs `call` inside
+`backend.name_scope(self.name, caller=self)`, so the innermost entry of Keras's (thread-local)
+"name_scope_stack" with a caller is the layer whose code runs the einsum. The rule's check is a few
+attribute reads; inside `tf.function` it runs while tracing, not at every step.
 
 Output dtype convention (the table's "output" column), in the spirit of TF grappler's
 auto-mixed-precision lists and torch.autocast's "fp32" / "promote" policies:
@@ -38,10 +42,14 @@ from typing import Any, Callable
 import keras
 import tensorflow as tf
 from absl import logging
+from keras.src.backend.common import global_state
+from keras.src.backend.common import name_scope as common_name_scope
+from keras.src.backend.tensorflow import core as tf_core
 from keras.src.backend.tensorflow import math as tf_math
 from keras.src.backend.tensorflow import nn as tf_nn
 from keras.src.backend.tensorflow import numpy as tf_numpy
 from keras.src.ops import nn as ops_nn
+from keras.src.ops import numpy as ops_numpy
 
 from keras_amp import policy as amp_policy
 from keras_amp import validation
@@ -94,7 +102,10 @@ class Rule:
 
 
 _NN = "keras.src.backend.tensorflow.nn"
+_EINSUM = "keras.src.backend.tensorflow.numpy.einsum"
+_EINSUM_SPEC = "keras.src.ops.numpy.Einsum.compute_output_spec"
 ATTENTION_OP = "MultiHeadAttention scores (QK^T, scale, mask, softmax)"
+SCORES_EINSUM_OP = "einsum(layer._dot_product_equation, ...) in other attention layers"
 RULES: tuple[Rule, ...] = (
     Rule("softmax", "softmax", "float32", "input dtype", BOTH, "keras_amp", (f"{_NN}.softmax",),
          "exp and the normaliser (a sum over the axis) in float32, one rounding at the end; the "
@@ -109,6 +120,14 @@ RULES: tuple[Rule, ...] = (
          "QK^T sums key_dim products: entries near 300 overflow float16 (NaN softmax); bfloat16 "
          "rounds logits to 8 bits. Value einsum stays in the compute dtype; subclasses that keep "
          "the stock method (keras-hub) get it too"),
+    Rule(SCORES_EINSUM_OP, "attention", "float32", "float32", BOTH, "keras_amp", (_EINSUM, _EINSUM_SPEC),
+         "layers that compute QK^T themselves (keras-hub Llama, Mistral, Mixtral, Qwen*, SmolLM3, "
+         "GPT-OSS attention; not MultiHeadAttention, covered above): the einsum whose equation is "
+         "the innermost calling layer's `_dot_product_equation`, on two 16-bit operands, computes "
+         "in float32 (gradient matmuls in the compute dtype). Output float32: a cast back would "
+         "keep float16's overflow. In those keras-hub 0.32 layers the scale, mask and softmax "
+         "follow (float32 by promotion / a float32 Softmax layer) and the probabilities are cast "
+         "to the compute dtype before the value einsum: no other matmul changes dtype"),
     Rule("batch_normalization", "normalization", "float32", "input dtype", BOTH, "keras_amp",
          (f"{_NN}.batch_normalization",),
          "x*inv - mean*inv cancels catastrophically in 16 bits when |mean| >> std; float32 "
@@ -170,8 +189,28 @@ ORIGINAL_DIGESTS = {
     "keras.src.ops.nn.SparseCategoricalCrossentropy.compute_output_spec": "1d2704fea7e2f6f6",
     f"{_NN}.binary_crossentropy": "3fb0e94214714db1",
     "keras.src.ops.nn.BinaryCrossentropy.compute_output_spec": "4dd48a4bb5ef1272",
+    _EINSUM: "9eb60d0ed811e577",
+    _EINSUM_SPEC: "c3b23b632d2aafaa",
+    # Relied on by the scores-einsum rule: `Layer.__call__` calls `call` inside
+    # `_open_name_scope()`, which enters `backend.name_scope(self.name, caller=self)`; the
+    # TensorFlow backend's name_scope (and its common base) push the entry, `.caller` included,
+    # onto the global "name_scope_stack" and pop it on exit.
+    "keras.layers.Layer.__call__": "4fb7e42e4ffd9b1a",
+    "keras.layers.Layer._open_name_scope": "9197bac9543ef95a",
+    "keras.src.backend.tensorflow.core.name_scope": "bff9a1de6e491b0d",
+    "keras.src.backend.common.name_scope.name_scope": "957dcd2ff7532ae8",
 }
-_RELIED_ON = {"keras.layers.MultiHeadAttention._compute_attention": ("keras.layers.MultiHeadAttention.call",)}
+_NAME_SCOPE_STACK = (
+    "keras.layers.Layer.__call__",
+    "keras.layers.Layer._open_name_scope",
+    "keras.src.backend.tensorflow.core.name_scope",
+    "keras.src.backend.common.name_scope.name_scope",
+)
+_RELIED_ON = {
+    "keras.layers.MultiHeadAttention._compute_attention": ("keras.layers.MultiHeadAttention.call",),
+    _EINSUM: _NAME_SCOPE_STACK,
+    _EINSUM_SPEC: _NAME_SCOPE_STACK,
+}
 
 # What no op-level rule reaches (README "what op-level rules cannot reach").
 NOT_REACHED = (
@@ -180,8 +219,12 @@ NOT_REACHED = (
     "fused kernels that take the whole computation: `ops.dot_product_attention` / flash attention "
     "(QK^T in the compute dtype; MultiHeadAttention is covered by its own rule unless "
     "`flash_attention=True`), fused RNN kernels",
-    "attention layers that override `_compute_attention` with their own QK^T (their softmax, if it "
-    "goes through `keras.ops.softmax` or a Keras Softmax layer, is still float32; QK^T is not)",
+    "attention layers that compute QK^T themselves, other than as `einsum(self._dot_product_equation, "
+    "q, k)` in a layer that is not a MultiHeadAttention: a literal equation or another attribute name "
+    "(keras-hub Gemma, Falcon, GPT-NeoX), `matmul`, a helper layer or function doing the einsum "
+    "(the caller on the name-scope stack is then not the attention layer), and MultiHeadAttention "
+    "subclasses that override `_compute_attention`; their softmax, if it goes through "
+    "`keras.ops.softmax` or a Keras Softmax layer, is still float32, their QK^T is not",
     "LSTM/GRU gate and state precision: the recurrence runs in the cell's compute dtype "
     "(`keras_amp.layers.LSTM` / `GRU` keep it float32)",
     "code that casts for itself: a rule sees the dtype it is given, so a value already rounded "
@@ -313,6 +356,69 @@ def _float32_attention(original: Callable) -> Callable:
     return _compute_attention
 
 
+def scores_caller(subscripts: Any) -> keras.layers.Layer | None:
+    """The innermost calling layer when it computes attention scores as `einsum(subscripts, ...)`.
+
+    That is the innermost entry with a caller on Keras's name-scope stack (`Layer.__call__` runs
+    `call` inside `name_scope(self.name, caller=self)`), when it has `_dot_product_equation ==
+    subscripts` and is not a `keras.layers.MultiHeadAttention` (whose own rule covers it).
+    """
+    stack = global_state.get_global_attribute("name_scope_stack")
+    caller = next((e.caller for e in reversed(stack or ()) if getattr(e, "caller", None) is not None), None)
+    if caller is None or isinstance(caller, _MHA):
+        return None
+    equation = getattr(caller, "_dot_product_equation", None)
+    return caller if isinstance(equation, str) and equation == subscripts else None
+
+
+def _is_scores_einsum(subscripts: Any, operands: tuple, kwargs: dict) -> bool:
+    # Cheap checks first: this runs for every einsum while the rules are installed (in graph
+    # mode only while tracing).
+    if kwargs or len(operands) != 2 or not isinstance(subscripts, str) or "->" not in subscripts:
+        return False
+    a, b = operands
+    # Mixed 16-bit dtypes (float16 x bfloat16) already promote to float32 in Keras.
+    if not (_low(a) and _low(b)):
+        return False
+    if keras.backend.standardize_dtype(a.dtype) != keras.backend.standardize_dtype(b.dtype):
+        return False
+    return scores_caller(subscripts) is not None
+
+
+def _float32_scores_einsum(original: Callable) -> Callable:
+    def einsum(subscripts, *operands, **kwargs):
+        if not _is_scores_einsum(subscripts, operands, kwargs):
+            return original(subscripts, *operands, **kwargs)
+        a, b = (tf.convert_to_tensor(t) for t in operands)
+        equation = subscripts.replace(" ", "")
+        if "." in equation:
+            # Broadcast ellipses: no transposed gradient equations; all of it in float32.
+            return original(subscripts, tf.cast(a, tf.float32), tf.cast(b, tf.float32))
+        # Products of two 16-bit numbers are exact in float32; the float32 sum neither overflows
+        # float16 (QK^T entries near 300 do) nor rounds logits to bfloat16's 8 bits. The result
+        # stays float32: a cast back would bring float16's overflow back. In keras-hub's
+        # LlamaAttention (and its copies) the next ops are the scale multiply (float32 by
+        # promotion, elementwise) and a float32 Softmax layer (which casts 16-bit input up
+        # anyway); the probabilities are cast to the compute dtype before the value einsum, so no
+        # matmul other than this one changes dtype.
+        return amp_attention.float32_scores(equation, a, b, 1.0)
+
+    einsum.__name__ = einsum.__qualname__ = original.__name__
+    return einsum
+
+
+def _float32_scores_einsum_spec(original: Callable) -> Callable:
+    # Symbolic route (ops.einsum on KerasTensors); a layer's call on KerasTensors runs on TF
+    # placeholders and reaches the backend einsum above instead.
+    def compute_output_spec(self, *operands):
+        spec = original(self, *operands)
+        if _is_scores_einsum(self.subscripts, operands, {}):
+            return keras.KerasTensor(spec.shape, dtype="float32")
+        return spec
+
+    return compute_output_spec
+
+
 # qualified name -> (owner, attribute, factory(original) -> replacement or None if relied on only).
 _TARGETS: dict[str, tuple[Any, str, Callable | None]] = {
     f"{_NN}.softmax": (tf_nn, "softmax", _float32_softmax),
@@ -334,6 +440,12 @@ _TARGETS: dict[str, tuple[Any, str, Callable | None]] = {
     f"{_NN}.binary_crossentropy": (tf_nn, "binary_crossentropy", _float32_loss("Sigmoid")),
     "keras.src.ops.nn.BinaryCrossentropy.compute_output_spec": (
         ops_nn.BinaryCrossentropy, "compute_output_spec", _float32_loss_spec),
+    _EINSUM: (tf_numpy, "einsum", _float32_scores_einsum),
+    _EINSUM_SPEC: (ops_numpy.Einsum, "compute_output_spec", _float32_scores_einsum_spec),
+    "keras.layers.Layer.__call__": (keras.layers.Layer, "__call__", None),
+    "keras.layers.Layer._open_name_scope": (keras.layers.Layer, "_open_name_scope", None),
+    "keras.src.backend.tensorflow.core.name_scope": (tf_core, "name_scope", None),
+    "keras.src.backend.common.name_scope.name_scope": (common_name_scope, "name_scope", None),
 }
 
 

@@ -72,6 +72,9 @@ def test_no_sensitive_op_in_16_bits_under_enable_and_stock_has_them(policy, buil
     # Forward and backward ops, by layer (the subclassed model is unbuilt until the audit runs it).
     assert {r.phase for r in report.records if r.layer_path} == {"forward", "backward"}
     assert promised(report) == [], str(report)
+    # ... and not because the audit lost sight of QK^T: it is seen, computing in float32
+    # (through the IdentityN that tf.custom_gradient puts between it and the softmax).
+    assert any(r.category == "attention" and r.dtype == "float32" for r in report.records), str(report)
     op_rules.uninstall()  # stock Keras under the same policy
     stock_report = audit.audit_model(model, x)
     stock = promised(stock_report)

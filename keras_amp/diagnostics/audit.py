@@ -198,18 +198,23 @@ def _is_weight(tensor: tf.Tensor) -> bool:
 
 def scores_matmul(softmax: tf.Operation) -> tf.Operation | None:
     """The QK^T matmul (two activation operands) feeding `softmax`'s logits, or None."""
-    stack, seen = [t.op for t in softmax.inputs if t.dtype.is_floating], set()
+    stack, seen = [t for t in softmax.inputs if t.dtype.is_floating], set()
     while stack:
-        op = stack.pop()
-        if op.name in seen:
+        tensor = stack.pop()
+        if tensor.name in seen:
             continue
-        seen.add(op.name)
+        seen.add(tensor.name)
+        op = tensor.op
         if op.type in _MATMULS:
             operands = [t for t in op.inputs if t.dtype.is_floating]
             if len(operands) == 2 and not any(_is_weight(t) for t in operands):
                 return op
+        elif op.type == "IdentityN":
+            # tf.custom_gradient (keras_amp's float32 scores) wraps its outputs in IdentityN:
+            # output i is input i.
+            stack.append(op.inputs[tensor.value_index])
         elif op.type in _PASS_THROUGH:
-            stack.extend(t.op for t in op.inputs if t.dtype.is_floating)
+            stack.extend(t for t in op.inputs if t.dtype.is_floating)
     return None
 
 
