@@ -11,7 +11,8 @@ import dataclasses
 import platform
 from typing import Callable
 
-from keras_amp import hardware, policy
+from keras_amp import hardware, policy, validation
+from keras_amp.version import __version__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +22,15 @@ class Section:
     title: str
     rows: tuple[tuple[str, str], ...]
 
+    def __post_init__(self):
+        validation.check_type("title", self.title, str, "a string")
+        validation.check_type("rows", self.rows, (tuple, list), "a tuple of (key, value) string pairs")
+        for i, row in enumerate(self.rows):
+            ok = isinstance(row, (tuple, list)) and len(row) == 2 and all(isinstance(x, str) for x in row)
+            if not ok:
+                raise TypeError(f"`rows[{i}]` must be a (key, value) pair of strings. Received: rows[{i}]={row!r}")
+        object.__setattr__(self, "rows", tuple(tuple(row) for row in self.rows))
+
 
 SectionFn = Callable[[hardware.DeviceInfo], Section]
 _sections: list[SectionFn] = []
@@ -28,8 +38,7 @@ _sections: list[SectionFn] = []
 
 def register_section(fn: SectionFn) -> SectionFn:
     """Adds a section to every doctor report (usable as a decorator); order of registration is kept."""
-    if not callable(fn):
-        raise TypeError(f"`fn` must be callable. Received: fn={fn!r}")
+    validation.check_callable("fn", fn)
     if fn not in _sections:
         _sections.append(fn)
     return fn
@@ -40,15 +49,13 @@ def _versions(device: hardware.DeviceInfo) -> Section:
     import keras
     import tensorflow as tf
 
-    import keras_amp
-
     return Section(
         "Versions",
         (
             ("python", platform.python_version()),
             ("tensorflow", tf.__version__),
             ("keras", keras.__version__),
-            ("keras_amp", keras_amp.__version__),
+            ("keras_amp", __version__),
         ),
     )
 
@@ -63,7 +70,8 @@ def _devices(device: hardware.DeviceInfo) -> Section:
     rows.append(("cpu model", device.cpu_model or "unknown"))
     relevant = [f for f in hardware.RELEVANT_CPU_FLAGS if f in device.cpu_flags]
     rows.append(("cpu flags (bf16/fp16-relevant)", " ".join(relevant) or "none"))
-    rows.append(("oneDNN", "on" if device.onednn_enabled else "off"))
+    onednn = {True: "on", False: "off", None: f"unknown ({hardware.ONEDNN_QUERY} missing)"}[device.onednn_enabled]
+    rows.append(("oneDNN", onednn))
     rows.append(("fast bfloat16", "yes" if device.fast_bfloat16 else "no"))
     rows.append(("fast float16", "yes" if device.fast_float16 else "no"))
     return Section("Devices", tuple(rows))
@@ -88,12 +96,24 @@ def _precision(device: hardware.DeviceInfo) -> Section:
 
 def collect(device: hardware.DeviceInfo | None = None) -> list[Section]:
     """Every registered section for `device` (this machine when None)."""
+    validation.check_type("device", device, (hardware.DeviceInfo, type(None)), "a keras_amp.hardware.DeviceInfo or None")
     device = device if device is not None else hardware.detect()
-    return [fn(device) for fn in _sections]
+    sections = [fn(device) for fn in _sections]
+    for fn, section in zip(_sections, sections):
+        if not isinstance(section, Section):
+            raise TypeError(f"Doctor section {fn!r} must return a doctor.Section. Received: {section!r}")
+    return sections
+
+
+def _check_sections(sections: list[Section]) -> None:
+    validation.check_type("sections", sections, (list, tuple), "a list of doctor.Section")
+    for i, section in enumerate(sections):
+        validation.check_type(f"sections[{i}]", section, Section, "a doctor.Section")
 
 
 def format_report(sections: list[Section]) -> str:
     """Plain-text rendering: a heading per section, aligned keys."""
+    _check_sections(sections)
     lines = []
     for section in sections:
         lines.append(section.title)
@@ -105,4 +125,5 @@ def format_report(sections: list[Section]) -> str:
 
 def as_dict(sections: list[Section]) -> dict[str, dict[str, str]]:
     """JSON-ready form: {section title: {key: value}}."""
+    _check_sections(sections)
     return {s.title: dict(s.rows) for s in sections}

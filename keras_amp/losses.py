@@ -12,6 +12,8 @@ import functools
 import keras
 from keras import ops
 
+from keras_amp import validation
+
 
 def _cast_float32(structure):
     def cast(x):
@@ -47,11 +49,7 @@ def float32_loss(fn):
     ...     return keras.ops.mean(keras.ops.square(y_true - y_pred))
     >>> mse(np.zeros(4), keras.ops.full((4,), 300.0, "float16"))  # 90000.0
     """
-    if not callable(fn):
-        raise TypeError(
-            "`fn` must be a callable loss. "
-            f"Received: fn={fn!r} of type {type(fn).__name__}"
-        )
+    validation.check_callable("fn", fn)
 
     @functools.wraps(fn, assigned=("__module__", "__name__", "__qualname__", "__doc__"))
     def wrapped(*args, **kwargs):

@@ -1,8 +1,11 @@
 """`enable()` / `config()` / `disable()`: the one owner of keras_amp's global precision state.
 
-Nothing else in keras_amp writes Keras's global dtype policy or TensorFlow's TF32 flag.
-`AmpConfig` records what is in force; its `fingerprint()` is the single definition of
-"precision settings that must match on every worker" (compared by `keras_amp.distribute`).
+Nothing else in keras_amp writes Keras's global dtype policy or TensorFlow's TF32 flag; modules
+with global state of their own that follows the config (the op rules) register a listener
+(`add_config_listener`). `enable()` and `disable()` apply the policy, TF32 and every listener
+all or nothing, so `config()` always describes what is in force. `AmpConfig` records it; its
+`fingerprint()` is the single definition of "precision settings that must match on every
+worker" (compared by `keras_amp.distribute`).
 """
 
 from __future__ import annotations
@@ -12,13 +15,13 @@ import hashlib
 import json
 import threading
 import warnings
-from typing import Any
+from typing import Any, Callable, Optional
 
 import keras
 import tensorflow as tf
 from absl import logging
 
-from keras_amp import hardware
+from keras_amp import hardware, validation
 
 AUTO = "auto"
 POLICY_NAMES = ("mixed_float16", "mixed_bfloat16", "float32")
@@ -53,12 +56,41 @@ class AmpConfig:
     requested: str
     reason: str
 
+    def __post_init__(self):
+        for name in ("policy", "compute_dtype", "variable_dtype", "device", "requested", "reason"):
+            validation.check_type(name, getattr(self, name), str, "a string")
+        for name in ("loss_scaling", "tf32"):
+            object.__setattr__(self, name, validation.check_bool(name, getattr(self, name)))
+        try:
+            expected = keras.DTypePolicy(self.policy)
+        except ValueError as error:
+            raise ValueError(
+                "`policy` must be a Keras dtype policy name, e.g. one of "
+                f"{', '.join(POLICY_NAMES)}. Received: policy={self.policy!r}"
+            ) from error
+        derived = {
+            "compute_dtype": expected.compute_dtype,
+            "variable_dtype": expected.variable_dtype,
+            "loss_scaling": expected.compute_dtype == "float16",
+        }
+        for name, value in derived.items():
+            if getattr(self, name) != value:
+                raise ValueError(
+                    f"`{name}` must match policy {self.policy!r}: {value!r}. "
+                    f"Received: {name}={getattr(self, name)!r}"
+                )
+
     def fingerprint_fields(self, *, model: Any = None, optimizer: Any = None) -> dict[str, str]:
         """Settings that must be identical on every replica and worker, by name.
 
         The device summary and the reason are left out: workers may legitimately run on
         different hardware as long as they run the same settings.
         """
+        if optimizer is not None:
+            validation.check_type("optimizer", optimizer, keras.optimizers.Optimizer,
+                                  "a keras.optimizers.Optimizer or None")
+        if model is not None:
+            validation.check_type("model", model, keras.layers.Layer, "a keras.Model (or keras.layers.Layer) or None")
         fields = {
             "policy": self.policy,
             "compute_dtype": self.compute_dtype,
@@ -96,11 +128,13 @@ def _loss_scale_description(optimizer: Any) -> str:
 
 def _layer_policies_description(model: Any) -> str:
     """Every layer's path and dtype policy name, in model order."""
-    layers = model._flatten_layers(include_self=False, recursive=True)  # Keras 3.15 API, also used by summary()
+    # Keras 3.15 API, also used by summary(). Not model_graph.walk: model_graph imports this
+    # module, and imports point downward only.
+    layers = model._flatten_layers(include_self=False, recursive=True)
     return json.dumps([(layer.path, layer.dtype_policy.name) for layer in layers])
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Saved:
     """What enable() changed, to restore on disable()."""
 
@@ -108,9 +142,62 @@ class _Saved:
     tf32: bool | None  # None: enable() never set TF32, so disable() leaves it alone.
 
 
-_lock = threading.Lock()
+ConfigListener = Callable[[Optional[AmpConfig]], None]
+
+_lock = threading.RLock()
 _config: AmpConfig | None = None
 _saved: _Saved | None = None
+_listeners: list[ConfigListener] = []
+
+
+def add_config_listener(fn: ConfigListener) -> None:
+    """Calls `fn(config)` on every `enable()` (the new `AmpConfig`) and `disable()` (None).
+
+    A listener that raises makes that `enable()`/`disable()` fail as a whole: the previous
+    policy, TF32 setting and config are restored, every listener already called is called
+    again with the previous config, and the error propagates. Registering the same function
+    twice is a no-op; a listener is not called for the config already in force.
+    """
+    validation.check_callable("fn", fn)
+    with _lock:
+        if fn not in _listeners:
+            _listeners.append(fn)
+
+
+def remove_config_listener(fn: ConfigListener) -> None:
+    """Stops calling `fn`; a no-op when it is not registered."""
+    with _lock:
+        if fn in _listeners:
+            _listeners.remove(fn)
+
+
+def _current_tf32() -> bool:
+    return bool(tf.config.experimental.tensor_float_32_execution_enabled())
+
+
+def _apply(new: AmpConfig | None, policy: keras.DTypePolicy | str, tf32: bool | None, saved: _Saved | None) -> None:
+    """Puts `new` in force (policy, TF32, listeners), or nothing at all. Call with `_lock` held."""
+    global _config, _saved
+    old_policy, old_tf32, old_config = keras.config.dtype_policy(), _current_tf32(), _config
+    called: list[ConfigListener] = []
+    try:
+        if tf32 is not None:
+            tf.config.experimental.enable_tensor_float_32_execution(tf32)
+        keras.config.set_dtype_policy(policy)
+        for fn in list(_listeners):
+            called.append(fn)  # before the call: a listener that raises may have half-applied.
+            fn(new)
+    except BaseException as error:
+        keras.config.set_dtype_policy(old_policy)
+        tf.config.experimental.enable_tensor_float_32_execution(old_tf32)
+        for fn in called:
+            try:
+                fn(old_config)
+            except Exception as rollback_error:  # noqa: BLE001 - the first error is the one to raise
+                logging.error("keras_amp: config listener %r failed while rolling back: %s", fn, rollback_error)
+                error.add_note(f"keras_amp: rolling back listener {fn!r} also failed: {rollback_error!r}")
+        raise
+    _config, _saved = new, saved
 
 
 def choose_policy(device: hardware.DeviceInfo) -> tuple[str, str]:
@@ -119,6 +206,7 @@ def choose_policy(device: hardware.DeviceInfo) -> tuple[str, str]:
         GPU, weakest compute capability >= 8.0, or TPU  -> mixed_bfloat16
         GPU, weakest compute capability 7.x             -> mixed_float16 (needs loss scaling)
         CPU with AVX512-BF16 or AMX and oneDNN on       -> mixed_bfloat16
+        the same CPU, oneDNN off or unknown             -> float32 (the reason says which)
         anything else                                   -> float32 (mixed would be slower)
     """
     cap = device.min_compute_capability
@@ -144,6 +232,12 @@ def choose_policy(device: hardware.DeviceInfo) -> tuple[str, str]:
     if device.cpu_fast_bfloat16:
         flags = ", ".join(f for f in hardware.BF16_CPU_FLAGS if f in device.cpu_flags)
         return "mixed_bfloat16", f"the CPU has {flags} and oneDNN is on: bfloat16 matmuls/convs run natively"
+    if any(f in device.cpu_flags for f in hardware.BF16_CPU_FLAGS) and device.onednn_enabled is None:
+        return "float32", (
+            f"the CPU has bfloat16 instructions, but this TensorFlow build lacks {hardware.ONEDNN_QUERY}, "
+            "so whether oneDNN runs bfloat16 natively is unknown; enable('mixed_bfloat16') explicitly if "
+            "it does"
+        )
     if any(f in device.cpu_flags for f in hardware.BF16_CPU_FLAGS):
         return "float32", (
             "the CPU has bfloat16 instructions but oneDNN is off (TF_ENABLE_ONEDNN_OPTS=0), so "
@@ -218,48 +312,40 @@ def enable(
         >>> config = keras_amp.enable()          # mixed_bfloat16 on a bf16-capable CPU/GPU
         >>> model = build_model()                # layers compute in config.compute_dtype
     """
-    global _config, _saved
     requested = _resolve_policy_arg(policy)
-    if tf32 is not None and not isinstance(tf32, bool):
-        raise TypeError(f"`tf32` must be None, True or False. Received: tf32={tf32!r}")
-    if device is not None and not isinstance(device, hardware.DeviceInfo):
-        raise TypeError(
-            "`device` must be a keras_amp.hardware.DeviceInfo or None. "
-            f"Received: device={device!r} of type {type(device).__name__}"
-        )
+    if tf32 is not None:
+        tf32 = validation.check_bool("tf32", tf32)
+    validation.check_type("device", device, (hardware.DeviceInfo, type(None)), "a keras_amp.hardware.DeviceInfo or None")
+    # Everything that can fail runs before any global is written.
     device = device if device is not None else hardware.detect()
-
     if requested == AUTO:
         name, reason = choose_policy(device)
-        if name == "float32":
-            warnings.warn(f"keras_amp 'auto' chose float32: {reason}.", AmpWarning, stacklevel=2)
+        warning = f"keras_amp 'auto' chose float32: {reason}." if name == "float32" else None
     else:
         name, reason = requested, "requested explicitly"
-        slower = _speed_warning(name, device)
-        if slower:
-            warnings.warn(slower, AmpWarning, stacklevel=2)
+        warning = _speed_warning(name, device)
+    dtype_policy = keras.DTypePolicy(name)
+    summary = device.summary()
 
     with _lock:
-        if _saved is None:
-            _saved = _Saved(policy=keras.config.dtype_policy(), tf32=None)
-        if tf32 is not None:
-            if _saved.tf32 is None:
-                _saved.tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
-            tf.config.experimental.enable_tensor_float_32_execution(tf32)
-        keras.config.set_dtype_policy(name)
-        dtype_policy = keras.config.dtype_policy()
-        _config = AmpConfig(
+        saved = _saved or _Saved(policy=keras.config.dtype_policy(), tf32=None)
+        if tf32 is not None and saved.tf32 is None:
+            saved = _Saved(policy=saved.policy, tf32=_current_tf32())
+        new = AmpConfig(
             policy=name,
             compute_dtype=dtype_policy.compute_dtype,
             variable_dtype=dtype_policy.variable_dtype,
             loss_scaling=dtype_policy.compute_dtype == "float16",
-            tf32=bool(tf.config.experimental.tensor_float_32_execution_enabled()),
-            device=device.summary(),
+            tf32=_current_tf32() if tf32 is None else tf32,
+            device=summary,
             requested=requested,
             reason=reason,
         )
-    logging.info("keras_amp: policy %s (%s); tf32=%s; %s", name, reason, _config.tf32, _config.device)
-    return _config
+        _apply(new, name, tf32, saved)
+    if warning:
+        warnings.warn(warning, AmpWarning, stacklevel=2)
+    logging.info("keras_amp: policy %s (%s); tf32=%s; %s", name, reason, new.tf32, new.device)
+    return new
 
 
 def config() -> AmpConfig | None:
@@ -269,63 +355,7 @@ def config() -> AmpConfig | None:
 
 def disable() -> None:
     """Restores exactly what `enable()` changed (dtype policy, TF32); a no-op when not enabled."""
-    global _config, _saved
     with _lock:
         if _saved is None:
             return
-        keras.config.set_dtype_policy(_saved.policy)
-        if _saved.tf32 is not None:
-            tf.config.experimental.enable_tensor_float_32_execution(_saved.tf32)
-        _config, _saved = None, None
-
-
-# Every Keras convolution class: the heavy layers below, and the recipes' "convs in the compute
-# dtype" role (recipes.py and check.py import this one list).
-CONV_LAYERS = (
-    keras.layers.Conv1D,
-    keras.layers.Conv2D,
-    keras.layers.Conv3D,
-    keras.layers.Conv1DTranspose,
-    keras.layers.Conv2DTranspose,
-    keras.layers.Conv3DTranspose,
-    keras.layers.DepthwiseConv1D,
-    keras.layers.DepthwiseConv2D,
-    keras.layers.SeparableConv1D,
-    keras.layers.SeparableConv2D,
-)
-# Layer types whose compute dtype decides mixed-precision speed; a model whose every such
-# layer disagrees with the policy in force was almost certainly built before enable().
-_HEAVY_LAYERS = (
-    keras.layers.Dense,
-    keras.layers.EinsumDense,
-    keras.layers.Embedding,
-    keras.layers.MultiHeadAttention,
-) + CONV_LAYERS
-
-
-def warn_if_built_before_enable(model: Any, *, caller: str = "keras_amp") -> bool:
-    """Warns (and returns True) when `model`'s heavy layers all use another policy than the one in force."""
-    if _config is None or not hasattr(model, "_flatten_layers"):
-        return False
-    # Deliberate float32 is not staleness: apply_recipe's output (`_keras_amp_recipe`) and
-    # keras_amp's float32 islands (OutputHead, Float32 and the layers it wraps) are skipped.
-    if getattr(model, "_keras_amp_recipe", None) is not None:
-        return False
-    heavy = [
-        l for l in model._flatten_layers(include_self=False, recursive=True)
-        if isinstance(l, _HEAVY_LAYERS) and not getattr(l, "_keras_amp_float32_island", False)
-    ]
-    stale = [l for l in heavy if l.dtype_policy.name != _config.policy]
-    if heavy and len(stale) == len(heavy):
-        found = sorted({l.dtype_policy.name for l in stale})
-        warnings.warn(
-            f"{caller}: every Dense/Conv/Embedding/attention layer of model "
-            f"{getattr(model, 'name', model)!r} computes in {', '.join(found)}, none in "
-            f"keras_amp.enable()'s {_config.policy!r}: it was probably built before enable() (or every "
-            "heavy layer was pinned to another dtype), so mixed precision does nothing for it. "
-            "Build the model after keras_amp.enable(), or convert it with keras_amp.apply_recipe().",
-            AmpWarning,
-            stacklevel=3,
-        )
-        return True
-    return False
+        _apply(None, _saved.policy, _saved.tf32, None)

@@ -66,3 +66,17 @@ def test_register_section_rejects_non_callables():
 def test_unknown_subcommand_is_an_error():
     out = _run_cli("nonsense")
     assert out.returncode == 2 and "invalid choice" in out.stderr
+
+
+def test_versions_section_reads_the_version_module():
+    from keras_amp import version
+
+    report = doctor.as_dict(doctor.collect(DeviceInfo()))
+    assert report["Versions"]["keras_amp"] == version.__version__ == "0.1.0"
+
+
+def test_unknown_onednn_is_reported_as_unknown():
+    report = doctor.as_dict(doctor.collect(DeviceInfo(cpu_flags=frozenset({"avx512_bf16"}), onednn_enabled=None)))
+    assert report["Devices"]["oneDNN"].startswith("unknown")
+    assert report["Precision"]["'auto' would choose"] == "float32"
+    assert "_pywrap_util_port" in report["Precision"]["why"]

@@ -1,8 +1,13 @@
 """keras_amp.hardware: observation only, injectable."""
 
-import pytest
+import platform
+import sys
 
-from keras_amp import hardware
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_amp import hardware, policy
 from keras_amp.hardware import DeviceInfo, GpuInfo
 
 CPUINFO = """processor\t: 0
@@ -25,10 +30,17 @@ def test_read_cpuinfo_parses_model_and_relevant_flags(tmp_path):
     assert flags == frozenset({"avx2", "fma", "avx512f", "avx512_bf16", "f16c"})
 
 
-def test_read_cpuinfo_missing_file(tmp_path):
+def test_read_cpuinfo_missing_file_falls_back_to_platform(tmp_path):
     model, flags = hardware.read_cpuinfo(str(tmp_path / "absent"))
     assert flags == frozenset()
-    assert isinstance(model, str)
+    assert model == platform.processor()
+
+
+def test_read_cpuinfo_arm_features_line(tmp_path):
+    path = tmp_path / "cpuinfo"
+    path.write_text("processor\t: 0\nFeatures\t: fp asimd avx512_bf16\n")
+    model, flags = hardware.read_cpuinfo(str(path))
+    assert flags == frozenset({"avx512_bf16"}) and model == platform.processor()
 
 
 @pytest.mark.parametrize("value", ["0", "false", "OFF"])
@@ -37,11 +49,34 @@ def test_onednn_env_var_turns_it_off(monkeypatch, value):
     assert hardware.onednn_enabled() is False
 
 
-def test_detect_agrees_with_proc_cpuinfo():
+def test_detect_agrees_with_its_sources():
     device = hardware.detect()
     model, flags = hardware.read_cpuinfo()
     assert device.cpu_flags == flags and device.cpu_model == model
-    assert device.tpu_count == 0 or device.fast_bfloat16
+    assert device.onednn_enabled is hardware.onednn_enabled()
+    assert device.tpu_count == len(tf.config.list_physical_devices("TPU"))
+    assert len(device.gpus) == len(tf.config.list_physical_devices("GPU"))
+    assert all(g.compute_capability is None or len(g.compute_capability) == 2 for g in device.gpus)
+
+
+def test_onednn_on_unless_turned_off(monkeypatch):
+    # TF 2.21's Linux x86 wheel is built with oneDNN; the query must say so.
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    from tensorflow.python.util import _pywrap_util_port
+
+    assert hardware.onednn_enabled() is bool(_pywrap_util_port.IsMklEnabled())
+
+
+def test_missing_onednn_query_is_unknown_and_auto_says_why(monkeypatch):
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    monkeypatch.setitem(sys.modules, hardware.ONEDNN_QUERY, None)  # import now raises ImportError
+    assert hardware.onednn_enabled() is None
+    device = DeviceInfo(cpu_flags=frozenset({"avx512_bf16"}), onednn_enabled=hardware.onednn_enabled())
+    assert not device.fast_bfloat16 and "oneDNN unknown" in device.summary()
+    name, reason = policy.choose_policy(device)
+    assert name == "float32" and hardware.ONEDNN_QUERY in reason
+    # Not the same reason as a build where oneDNN is known to be off.
+    assert policy.choose_policy(DeviceInfo(cpu_flags=frozenset({"avx512_bf16"}), onednn_enabled=False))[1] != reason
 
 
 def test_fast_paths():
@@ -64,3 +99,51 @@ def test_summary():
     cpu = DeviceInfo(cpu_model="EPYC", cpu_flags=frozenset({"avx512_bf16", "avx2"}), onednn_enabled=True)
     assert cpu.summary() == "CPU (EPYC; avx512_bf16; oneDNN on)"
     assert DeviceInfo().summary() == "CPU (unknown model; no bf16/fp16 flags; oneDNN off)"
+
+
+def test_tpu_is_fast_bfloat16():
+    assert DeviceInfo(tpu_count=8).fast_bfloat16 and not DeviceInfo(tpu_count=8).fast_float16
+
+
+BAD_DEVICE_FIELDS = {
+    "gpu_names_not_gpuinfo": (dict(gpus=("A100",)), TypeError, r"`gpus\[0\]` must be a keras_amp.hardware.GpuInfo"),
+    "gpus_not_a_sequence": (dict(gpus=GpuInfo("A100", (8, 0))), TypeError, r"`gpus` must be"),
+    "tpu_count_negative": (dict(tpu_count=-1), ValueError, r"`tpu_count` must be an integer >= 0. Received: tpu_count=-1"),
+    "tpu_count_float": (dict(tpu_count=1.0), TypeError, r"tpu_count=1.0"),
+    "cpu_model_none": (dict(cpu_model=None), TypeError, r"`cpu_model` must be a string"),
+    "cpu_flags_string": (dict(cpu_flags="avx512_bf16"), TypeError, r"`cpu_flags` must be a set of strings"),
+    "cpu_flags_ints": (dict(cpu_flags={1}), TypeError, r"`cpu_flags` must be a set of strings"),
+    "onednn_string": (dict(onednn_enabled="yes"), TypeError, r"onednn_enabled='yes'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_DEVICE_FIELDS))
+def test_device_info_validates_fields(case):
+    kwargs, error, match = BAD_DEVICE_FIELDS[case]
+    with pytest.raises(error, match=match):
+        DeviceInfo(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "cap, error, match",
+    [
+        pytest.param((8,), ValueError, r"must have 2 entries", id="one_tuple"),
+        pytest.param((8, 0, 1), ValueError, r"must have 2 entries", id="three_tuple"),
+        pytest.param("8.0", TypeError, r"compute_capability='8.0'", id="string"),
+        pytest.param((8.0, 0), TypeError, r"`compute_capability\[0\]` must be an integer", id="float_major"),
+        pytest.param((-1, 0), ValueError, r"`compute_capability\[0\]` must be an integer >= 0", id="negative"),
+    ],
+)
+def test_gpu_info_validates_capability(cap, error, match):
+    with pytest.raises(error, match=match):
+        GpuInfo("gpu", cap)
+    with pytest.raises(TypeError, match=r"`name` must be a string"):
+        GpuInfo(None, (8, 0))
+
+
+def test_numpy_and_list_inputs_are_canonicalised():
+    gpu = GpuInfo("A100", [np.int64(8), np.int32(0)])
+    assert gpu.compute_capability == (8, 0) and type(gpu.compute_capability[0]) is int
+    device = DeviceInfo(gpus=[gpu], tpu_count=np.int64(0), cpu_flags=["avx2"], onednn_enabled=np.bool_(True))
+    assert device.gpus == (gpu,) and device.cpu_flags == frozenset({"avx2"}) and device.onednn_enabled is True
+    hash(device)  # still usable as a dict key: frozen fields are hashable

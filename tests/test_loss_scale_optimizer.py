@@ -66,12 +66,14 @@ def test_10000_growth_steps_cap_at_max_scale_stock_reaches_inf():
     # Once at inf every step overflows (inf * 0 = nan would be the loss) and is skipped.
 
 
-def test_growth_never_non_finite_even_with_huge_max_scale():
-    v, opt = _setup(initial_scale=2.0**100, max_scale=1e300, dynamic_growth_steps=1)
-    # max_scale is inf in float32: only the isfinite guard stops the doubling.
+def test_growth_stops_at_float32_max_never_inf():
+    f32_max = float(np.finfo(np.float32).max)
+    v, opt = _setup(initial_scale=2.0**100, max_scale=f32_max, dynamic_growth_steps=1)
     _loop(opt, v, 0.0, 40)
-    assert opt.scale == 2.0**127  # float32's largest power of two; the next doubling is inf
-    assert np.isfinite(opt.scale)
+    # 2**127 * 2 is inf in float32; the ceiling (the largest float32) caps it.
+    assert opt.scale == f32_max and np.isfinite(opt.scale)
+    with pytest.raises(ValueError, match=r"`max_scale` must fit in float32.*Received: max_scale=1e\+300"):
+        LossScaleOptimizer(keras.optimizers.SGD(), max_scale=1e300)
 
 
 @pytest.mark.parametrize("mode", ["eager", "tf_function", "xla"])
@@ -430,3 +432,35 @@ def test_stock_saved_state_loads_into_ours(tmp_path):
     assert int(opt.overflow_count.numpy()) == 0  # not recorded by stock Keras
     # Stock never advances its own `iteration`: total_steps restarts from the applied steps.
     assert int(opt.total_steps.numpy()) == int(opt.iterations.numpy())
+
+
+@pytest.mark.parametrize("mode", ["eager", "tf_function"])
+def test_overwrite_with_gradient_variables_get_the_raw_gradient(mode):
+    # Float8 scaling factors (`overwrite_with_gradient`) receive values, not gradients: unscaled.
+    v = keras.Variable(np.zeros(4, "float32"))
+    v.overwrite_with_gradient = True
+    w = keras.Variable(np.ones(4, "float32"))
+    opt = LossScaleOptimizer(keras.optimizers.SGD(0.5), initial_scale=8.0)
+    opt.build([v, w])
+
+    def step():
+        opt.apply([tf.fill([4], 3.0), tf.fill([4], 8.0)], [v, w])
+
+    (step if mode == "eager" else tf.function(step))()
+    np.testing.assert_array_equal(v.numpy(), np.full(4, 3.0))  # written as is, not 3 / 8
+    np.testing.assert_allclose(w.numpy(), 1.0 - 0.5 * 8.0 / 8.0, rtol=0, atol=0)  # unscaled by 8
+
+
+def test_subnormal_min_scale_rejected_where_float32_would_make_it_zero():
+    # float32 holds neither as a normal number: 1e-46 becomes 0.0, 1e-40 a subnormal. A zero floor
+    # lets the scale reach 0, where the next step's 0/0 writes NaN weights.
+    assert np.float32(1e-46) == 0.0 and np.float32(1e-40) < np.finfo(np.float32).tiny
+    with pytest.raises(ValueError, match=r"`min_scale` must be 0 or at least float32's smallest normal.*min_scale=1e-40"):
+        LossScaleOptimizer(keras.optimizers.SGD(), min_scale=1e-40)
+    with pytest.raises(ValueError, match=r"min_scale=1e-46"):
+        LossScaleOptimizer(keras.optimizers.SGD(), min_scale=1e-46)
+    # The smallest normal float32 is accepted and holds as a floor.
+    tiny = float(np.finfo(np.float32).tiny)
+    v, opt = _setup(initial_scale=tiny * 4, min_scale=tiny)
+    _loop(opt, v, INF, 5)
+    assert opt.scale == np.float32(tiny) > 0.0

@@ -1,6 +1,7 @@
 """float32_loss: mean(square(y - 300)) is inf in float16 with raw ops, finite with the wrapper."""
 
 import keras
+import ml_dtypes
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -20,6 +21,11 @@ def test_raw_ops_overflow_or_round_wrapper_holds(dtype):
     raw = float(ops.convert_to_numpy(ops.cast(_raw_mse(y_true, y_pred), "float32")))
     if dtype == "float16":
         assert np.isinf(raw)  # 300**2 = 9e4 > 65504
+    else:
+        # bfloat16 keeps 8 significant bits: 90000 rounds to the nearest multiple of 512, 90112
+        # (and the mean of 8 equal terms stays exact). Reference: float64 rounded by ml_dtypes.
+        expected = float(np.float32(ml_dtypes.bfloat16(300.0**2)))
+        assert expected == 90112.0 and raw == expected  # 0.12% off, silently
     wrapped = float32_loss(_raw_mse)(y_true, y_pred)
     assert wrapped.dtype == tf.float32
     assert float(wrapped) == 90000.0  # exact: 300 is exact in both dtypes

@@ -66,8 +66,8 @@ def test_auto_on_this_machine_matches_its_hardware():
     device = hardware.detect()
     if device.gpus or device.tpu_count:
         pytest.skip("expectation below is for CPU-only machines (CI and development machines)")
-    # Derived from the raw flags, not from choose_policy: the project's CPUs (Zen 4, avx512_bf16,
-    # oneDNN on) train 1.4-1.8x faster in bf16 than float32, so auto must pick mixed_bfloat16.
+    # Derived from the raw flags, not from choose_policy: a CPU with AVX512-BF16/AMX and oneDNN on
+    # runs bfloat16 natively, so auto must pick mixed_bfloat16 there.
     _, flags = hardware.read_cpuinfo()
     bf16 = ("avx512_bf16" in flags or "amx_bf16" in flags) and hardware.onednn_enabled()
     with warnings.catch_warnings():
@@ -135,7 +135,7 @@ def test_bad_policy(bad, error, match):
 
 @pytest.mark.parametrize("bad", [1, 0, "yes", "true"], ids=repr)
 def test_bad_tf32(bad):
-    with pytest.raises(TypeError, match=r"`tf32` must be None, True or False. Received: tf32="):
+    with pytest.raises(TypeError, match=r"`tf32` must be True or False. Received: tf32="):
         keras_amp.enable("float32", tf32=bad, device=ZEN4)
     assert keras_amp.config() is None
 
@@ -264,39 +264,178 @@ def test_layers_built_after_enable_compute_in_the_chosen_dtype(policy_name, laye
     assert layer.weights and all(keras.backend.standardize_dtype(w.dtype) == "float32" for w in layer.weights)
 
 
-def test_warns_for_model_built_before_enable():
-    stale = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(2)])
+# --- config listeners and atomic enable() (issue 14) ---
+
+
+@pytest.fixture
+def listener_log():
+    log = []
+
+    def record(config):
+        log.append(None if config is None else config.policy)
+
+    policy.add_config_listener(record)
+    yield log
+    policy.remove_config_listener(record)
+
+
+def test_listeners_see_every_enable_and_disable(listener_log):
     keras_amp.enable("mixed_bfloat16", device=ZEN4)
-    fresh = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(2, dtype="float32")])
-    with pytest.warns(keras_amp.AmpWarning, match=r"built before enable\(\)"):
-        assert policy.warn_if_built_before_enable(stale, caller="test") is True
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", keras_amp.AmpWarning)
-        assert policy.warn_if_built_before_enable(fresh, caller="test") is False
+    keras_amp.enable("float32", device=ZEN4)
+    keras_amp.disable()
+    keras_amp.disable()  # no-op: nothing enabled, listeners not called
+    assert listener_log == ["mixed_bfloat16", "float32", None]
 
 
-def test_no_built_before_warning_for_float32_islands_or_recipe_models():
-    from keras_amp import layers as amp_layers
-    from keras_amp import recipes
-
-    keras_amp.enable("mixed_float16", device=ZEN4)
-    inp = keras.Input((16,))
-    head_only = keras.Model(inp, amp_layers.OutputHead(8)(inp))
-    nested = keras.Model(inp, amp_layers.Float32(keras.Sequential([keras.layers.Dense(8)]))(inp))
-    mlp = keras.Model(inp, keras.layers.Dense(8)(keras.layers.Dense(16)(inp)))
-    recipe_made = recipes.apply_recipe(mlp, "cnn")  # first and last layers float32 by design
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", keras_amp.AmpWarning)
-        for model in (head_only, nested, recipe_made):
-            assert policy.warn_if_built_before_enable(model, caller="test") is False
-    # Not an island: the same float32 layers pinned by hand still warn.
-    pinned = keras.Model(inp, keras.layers.Dense(8, dtype="float32")(inp))
-    with pytest.warns(keras_amp.AmpWarning, match=r"built before enable\(\)"):
-        assert policy.warn_if_built_before_enable(pinned, caller="test") is True
+def test_add_config_listener_rejects_non_callable():
+    with pytest.raises(TypeError, match=r"`fn` must be callable. Received: fn=3"):
+        policy.add_config_listener(3)
 
 
-def test_no_built_before_warning_when_not_enabled():
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8)])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", keras_amp.AmpWarning)
-        assert policy.warn_if_built_before_enable(model) is False
+class _ListenerFailure(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("tf32_before", [True, False], ids=["tf32_on", "tf32_off"])
+def test_enable_is_all_or_nothing_when_a_listener_raises(listener_log, tf32_before):
+    tf.config.experimental.enable_tensor_float_32_execution(tf32_before)
+    keras.config.set_dtype_policy("float64")
+    first = keras_amp.enable("mixed_bfloat16", device=ZEN4)
+    calls = []
+
+    def failing(config):
+        calls.append(None if config is None else config.policy)
+        if config is not None and config.policy == "mixed_float16":
+            raise _ListenerFailure("cannot install")
+
+    policy.add_config_listener(failing)
+    try:
+        with pytest.raises(_ListenerFailure, match="cannot install"):
+            keras_amp.enable("mixed_float16", tf32=not tf32_before, device=gpus((7, 0)))
+        # Nothing changed: policy, TF32, config, and every listener is back on the old config.
+        assert keras_amp.config() is first
+        assert keras.config.dtype_policy().name == "mixed_bfloat16"
+        assert tf.config.experimental.tensor_float_32_execution_enabled() is tf32_before
+        assert listener_log == ["mixed_bfloat16", "mixed_float16", "mixed_bfloat16"]
+        assert calls == ["mixed_float16", "mixed_bfloat16"]
+        # The tf32 attempt left no trace in what disable() restores.
+        keras_amp.disable()
+        assert keras.config.dtype_policy().name == "float64"
+        assert tf.config.experimental.tensor_float_32_execution_enabled() is tf32_before
+    finally:
+        policy.remove_config_listener(failing)
+
+
+def test_first_enable_rolls_back_to_not_enabled(listener_log):
+    keras.config.set_dtype_policy("float64")
+
+    def failing(config):
+        raise _ListenerFailure("no")
+
+    policy.add_config_listener(failing)
+    try:
+        with pytest.raises(_ListenerFailure):
+            keras_amp.enable("mixed_bfloat16", tf32=True, device=ZEN4)
+    finally:
+        policy.remove_config_listener(failing)
+    assert keras_amp.config() is None
+    assert keras.config.dtype_policy().name == "float64"
+    assert listener_log == ["mixed_bfloat16", None]
+
+
+def test_failing_rollback_is_noted_on_the_original_error():
+    def always_fails(config):
+        raise _ListenerFailure(f"config={config}")
+
+    policy.add_config_listener(always_fails)
+    try:
+        with pytest.raises(_ListenerFailure) as info:
+            keras_amp.enable("float32", device=ZEN4)
+    finally:
+        policy.remove_config_listener(always_fails)
+    assert "rolling back listener" in "".join(info.value.__notes__)
+    assert keras_amp.config() is None
+
+
+def test_disable_is_all_or_nothing_when_a_listener_raises():
+    config = keras_amp.enable("mixed_bfloat16", device=ZEN4)
+
+    def refuses_none(new):
+        if new is None:
+            raise _ListenerFailure("cannot uninstall")
+
+    policy.add_config_listener(refuses_none)
+    try:
+        with pytest.raises(_ListenerFailure):
+            keras_amp.disable()
+        assert keras_amp.config() is config
+        assert keras.config.dtype_policy().name == "mixed_bfloat16"
+    finally:
+        policy.remove_config_listener(refuses_none)
+
+
+def test_failure_describing_the_device_changes_nothing(monkeypatch):
+    def broken_detect():
+        raise OSError("no /proc")
+
+    monkeypatch.setattr(hardware, "detect", broken_detect)
+    before = keras.config.dtype_policy().name
+    with pytest.raises(OSError, match="no /proc"):
+        keras_amp.enable("mixed_bfloat16", tf32=True)
+    assert keras_amp.config() is None
+    assert keras.config.dtype_policy().name == before
+
+
+def test_failure_in_device_summary_changes_nothing():
+    # Before the fix, summary() ran after the global policy was written.
+    class BrokenSummary(DeviceInfo):
+        def summary(self):
+            raise RuntimeError("summary failed")
+
+    before = keras.config.dtype_policy().name
+    with pytest.raises(RuntimeError, match="summary failed"):
+        keras_amp.enable("mixed_bfloat16", device=BrokenSummary(cpu_flags=frozenset({"avx512_bf16"}), onednn_enabled=True))
+    assert keras_amp.config() is None
+    assert keras.config.dtype_policy().name == before
+
+
+def _config_fields(**overrides):
+    fields = dict(policy="mixed_float16", compute_dtype="float16", variable_dtype="float32", loss_scaling=True,
+                  tf32=False, device="", requested="mixed_float16", reason="test")
+    return {**fields, **overrides}
+
+
+@pytest.mark.parametrize(
+    "overrides, error, match",
+    [
+        pytest.param(dict(policy="bogus"), ValueError, r"Received: policy='bogus'", id="unknown_policy"),
+        pytest.param(dict(policy=16), TypeError, r"`policy` must be a string", id="policy_int"),
+        pytest.param(dict(compute_dtype="bfloat16"), ValueError, r"`compute_dtype` must match", id="compute_mismatch"),
+        pytest.param(dict(loss_scaling=False), ValueError, r"`loss_scaling` must match", id="scaling_mismatch"),
+        pytest.param(dict(tf32="no"), TypeError, r"tf32='no'", id="tf32_string"),
+        pytest.param(dict(reason=None), TypeError, r"`reason` must be a string", id="reason_none"),
+    ],
+)
+def test_amp_config_validates_fields(overrides, error, match):
+    with pytest.raises(error, match=match):
+        policy.AmpConfig(**_config_fields(**overrides))
+
+
+def test_amp_config_describes_any_keras_float_policy():
+    # distribute describes a global Keras policy keras_amp did not set, e.g. float64.
+    config = policy.AmpConfig(**_config_fields(policy="float64", compute_dtype="float64", variable_dtype="float64",
+                                               loss_scaling=False, tf32=np.bool_(True)))
+    assert config.tf32 is True
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        pytest.param(dict(model="x"), r"`model` must be a keras.Model .*Received: model='x'", id="model_string"),
+        pytest.param(dict(optimizer="x"), r"`optimizer` must be a keras.optimizers.Optimizer", id="optimizer_string"),
+    ],
+)
+def test_fingerprint_fields_rejects_non_models(kwargs, match):
+    config = policy.AmpConfig(**_config_fields())
+    with pytest.raises(TypeError, match=match):
+        config.fingerprint_fields(**kwargs)

@@ -63,3 +63,42 @@ def test_accepts_names_and_kwargs():
     keras.config.set_dtype_policy("mixed_float16")
     opt = wrap("adam", tier=None, hysteresis=3)
     assert type(opt.inner_optimizer) is keras.optimizers.Adam and opt.hysteresis == 3
+
+
+# Issue 14: the same call must fail under every policy, not only where it would wrap.
+BAD_WRAP_CALLS = {
+    "tier_bogus": (dict(tier="bogus"), ValueError, r"Unknown `tier`. Received: tier='bogus'"),
+    "tier_int": (dict(tier=3), TypeError, r"`tier` must be a string"),
+    "min_scale_negative": (dict(min_scale=-1), ValueError, r"`min_scale` must be .*Received: min_scale=-1"),
+    "min_scale_subnormal": (dict(min_scale=1e-40), ValueError, r"min_scale=1e-40"),
+    "initial_scale_past_float32": (dict(initial_scale=1e39), ValueError, r"initial_scale=1e\+39"),
+    "growth_steps_past_int64": (dict(dynamic_growth_steps=10**20), ValueError, r"dynamic_growth_steps="),
+    "hysteresis_past_int64": (dict(hysteresis=10**20), ValueError, r"hysteresis="),
+    "unknown_kwarg": (dict(foo=1), TypeError, r"wrap\(\) got unexpected keyword argument\(s\): foo"),
+    "force_string": (dict(force="no"), TypeError, r"`force` must be True or False. Received: force='no'"),
+    "initial_outside_tier_bounds": (dict(tier="small", initial_scale=2.0**20), ValueError, r"tier='small'"),
+}
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16", "mixed_float16"])
+@pytest.mark.parametrize("case", sorted(BAD_WRAP_CALLS))
+def test_bad_arguments_raise_under_every_policy(policy, case):
+    kwargs, error, match = BAD_WRAP_CALLS[case]
+    keras.config.set_dtype_policy(policy)
+    inner = keras.optimizers.SGD(loss_scale_factor=4.0)
+    with pytest.raises(error, match=match):
+        wrap(inner, **kwargs)
+    assert inner.loss_scale_factor == 4.0  # nothing half-done: wrapping would have reset it
+
+
+@pytest.mark.parametrize("bad, error", [(3, TypeError), ("bogus_optimizer", ValueError), ({"x": 1}, ValueError)],
+                         ids=["int", "unknown_name", "config_without_class"])
+def test_bad_optimizer(bad, error):
+    with pytest.raises(error, match=r"optimizer="):
+        wrap(bad)
+
+
+def test_numpy_integers_are_integers():
+    keras.config.set_dtype_policy("mixed_float16")
+    opt = wrap(keras.optimizers.SGD(), tier=None, hysteresis=np.int64(3), dynamic_growth_steps=np.int32(7))
+    assert (opt.hysteresis, opt.dynamic_growth_steps) == (3, 7) and type(opt.hysteresis) is int

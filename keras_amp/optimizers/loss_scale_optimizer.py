@@ -1,17 +1,15 @@
 """`LossScaleOptimizer`: bounded, tiered, logged, replica-consistent dynamic loss scaling.
 
-Host-side logging of scale changes lives in `scale_log.py`.
+The update rule is `scale_rule.adjust`; host-side logging of scale changes is `scale_log.py`.
 
 Private Keras methods overridden here (no public hook exists), written against Keras 3.15.1 and
-guarded by tests/test_keras_guards_optimizer.py: `build`, `apply`, `_tf_apply`, `_common_apply`,
-`_stateful_handle_finite_grads`, `_stateful_handle_non_finite_grads`, `stateless_apply`,
-`load_own_variables`.
+guarded by tests/test_keras_guards.py: `build`, `apply`, `_tf_apply`, `_common_apply`,
+`stateless_apply`, `load_own_variables`. Private members read: `_overwrite_variable_with_gradient`,
+`_iterations`, `_variables`, `_trainable_variables`, `keras.src.utils.tracking`, and TensorFlow's
+`control_flow_util.GraphOrParentsInXlaContext`.
 """
 
 from __future__ import annotations
-
-import math
-from numbers import Integral, Real
 
 import keras
 import tensorflow as tf
@@ -20,35 +18,22 @@ from keras import ops
 from keras.src.utils import tracking
 from tensorflow.python.ops import control_flow_util
 
-from keras_amp.optimizers import tiers
+from keras_amp import validation
+from keras_amp.optimizers import arguments, scale_rule, tiers
 from keras_amp.optimizers.scale_log import ScaleLog
 
-ON_MIN_SCALE = ("warn", "raise", "ignore")
 # Stock Keras 3.15.1 optimizer layout: iteration, learning_rate, step_counter, dynamic_scale.
 _STOCK_OWN_VARIABLES = 4
 
 
-def _check_real(name, value, *, allow_none=True):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"`{name}` must be a number. Received: {name}={value!r} of type "
-                        f"{type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"`{name}` must be finite. Received: {name}={value}")
-    return value
+def _built_variable(name, attr, doc):
+    """A read-only property `name` returning variable `attr`, which exists once the optimizer is built."""
 
+    def get(self):
+        self._require_built(name)
+        return getattr(self, attr)
 
-def _check_int(name, value, *, allow_none=True):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"`{name}` must be an integer >= 1. Received: {name}={value!r} of type "
-                        f"{type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"`{name}` must be an integer >= 1. Received: {name}={value}")
-    return int(value)
+    return property(get, doc=doc)
 
 
 @keras.saving.register_keras_serializable(package="keras_amp")
@@ -57,27 +42,17 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     A drop-in subclass of `keras.optimizers.LossScaleOptimizer`. The scale and all counters are
     optimizer variables: checkpointed, identical on every replica, readable without a sync in
-    the step. The finite decision is all-reduced across replicas and workers, so every replica
-    takes the same branch. Update rule, per call to `apply(grads)`:
+    the step. Per call to `apply(grads)`:
 
     ```
     finite = all_reduce_sum(any_nonfinite(local grads)) == 0      # same on every replica
-    total_steps += 1
     if finite:
         inner_optimizer.apply(grads / scale)
-        consecutive_overflows = 0; overflows_at_min_scale = 0
-        step_counter += 1
-        if dynamic and step_counter >= dynamic_growth_steps:
-            new = min(scale * growth_factor, max_scale)
-            scale = new if isfinite(new) else scale
-            step_counter = 0
-    else:                                   # skipped: weights and inner state untouched
-        overflow_count += 1; consecutive_overflows += 1; step_counter = 0
-        overflows_at_min_scale = overflows_at_min_scale + 1 if scale <= min_scale else 0
-        if dynamic and consecutive_overflows >= hysteresis:
-            scale = max(scale * backoff_factor, min_scale)
-        if overflows_at_min_scale >= min_scale_patience:       # 10; static: any 10 in a row
-            on_min_scale: "warn" -> one absl warning | "raise" -> MinScaleError | "ignore"
+    # else skipped: weights and inner optimizer state untouched
+    state = scale_rule.adjust(rule, state, finite)   # growth (capped), back-off (floored,
+                                                     # hysteresis), counters
+    if scale_rule.min_scale_reached(rule, state):    # 10 overflows in a row at min_scale
+        on_min_scale: "warn" -> one absl warning | "raise" -> MinScaleError | "ignore"
     ```
 
     `iterations` keeps the Keras meaning (steps applied by the inner optimizer, so learning-rate
@@ -133,78 +108,47 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
             raise ValueError(
                 "`inner_optimizer` must not itself be a LossScaleOptimizer (the loss would be "
-                f"scaled twice). Received: inner_optimizer={inner_optimizer!r}, allowed: a plain "
+                f"scaled twice). Received: inner_optimizer={inner_optimizer!r}. Allowed: a plain "
                 "keras.optimizers.Optimizer")
-        if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
-            raise TypeError(
-                "`inner_optimizer` must be a keras.optimizers.Optimizer. "
-                f"Received: inner_optimizer={inner_optimizer!r} of type "
-                f"{type(inner_optimizer).__name__}")
-        tiers.validate_tier(tier)
-        if on_min_scale not in ON_MIN_SCALE:
-            raise ValueError(f"Unknown `on_min_scale`. Received: on_min_scale={on_min_scale!r}, "
-                             f"allowed: {ON_MIN_SCALE}")
-        if not isinstance(dynamic, bool):
-            raise TypeError(f"`dynamic` must be a bool. Received: dynamic={dynamic!r} of type "
-                            f"{type(dynamic).__name__}")
-        growth_factor = _check_real("growth_factor", growth_factor, allow_none=False)
-        if growth_factor <= 1.0:
-            raise ValueError("`growth_factor` must be > 1. "
-                             f"Received: growth_factor={growth_factor}, allowed: (1, inf)")
-        backoff_factor = _check_real("backoff_factor", backoff_factor, allow_none=False)
-        if not 0.0 < backoff_factor < 1.0:
-            raise ValueError("`backoff_factor` must be in (0, 1). "
-                             f"Received: backoff_factor={backoff_factor}, allowed: (0, 1)")
-        explicit = {
-            "initial_scale": _check_real("initial_scale", initial_scale),
-            "dynamic_growth_steps": _check_int("dynamic_growth_steps", dynamic_growth_steps),
-            "min_scale": _check_real("min_scale", min_scale),
-            "max_scale": _check_real("max_scale", max_scale),
-        }
+        validation.check_type("inner_optimizer", inner_optimizer, keras.optimizers.Optimizer,
+                              "a keras.optimizers.Optimizer")
+        settings, explicit = arguments.check_arguments(
+            initial_scale=initial_scale, dynamic_growth_steps=dynamic_growth_steps, name=name, tier=tier,
+            min_scale=min_scale, max_scale=max_scale, growth_factor=growth_factor,
+            backoff_factor=backoff_factor, hysteresis=hysteresis, dynamic=dynamic,
+            on_min_scale=on_min_scale, **kwargs)
         # The stock constructor validates the legacy base-optimizer kwargs and sets
         # `inner_optimizer.loss_scale_factor = None` (else gradients would be scaled twice).
         super().__init__(inner_optimizer, name=name, **kwargs)
+        for key, value in settings.items():
+            setattr(self, key, value)
         self._explicit = explicit
         self.tier = tier
-        self.growth_factor = growth_factor
-        self.backoff_factor = backoff_factor
-        self.hysteresis = _check_int("hysteresis", hysteresis, allow_none=False)
-        self.dynamic = dynamic
-        self.on_min_scale = on_min_scale
         self.resolved_tier = None
         self._scale_log = ScaleLog()
-        if tier == tiers.AUTO:
-            # Known only at build time; check what can be checked now.
-            for key, value in self._explicit.items():
+        if tier == tiers.AUTO:  # the tier's values are known at build time
+            for key, value in explicit.items():
                 setattr(self, key, value)
-            self._check_bounds(partial=True)
         else:
             self._resolve(tiers.tier_values(tier))
 
     # ----------------------------------------------------------------- configuration
     def _resolve(self, values):
-        for key, value in self._explicit.items():
-            setattr(self, key, value if value is not None else getattr(values, key))
+        resolved = arguments.resolve(self._explicit, values)
+        arguments.check_bounds(self.dynamic, resolved, values.name)
+        for key, value in resolved.items():
+            setattr(self, key, value)
         self.resolved_tier = values.name
-        self._check_bounds(partial=False)
         self._scale_log.known_scale = self.initial_scale
 
-    def _check_bounds(self, partial):
-        lo, hi, init = self.min_scale, self.max_scale, self.initial_scale
-        if lo is not None and lo <= 0:
-            raise ValueError(f"`min_scale` must be > 0. Received: min_scale={lo}, allowed: (0, inf)")
-        if lo is not None and hi is not None and hi < lo:
-            raise ValueError("`max_scale` must be >= `min_scale`. "
-                             f"Received: min_scale={lo}, max_scale={hi}")
-        # A static scale never moves, so the bounds (which limit growth and back-off) do not apply.
-        in_bounds = (lo is None or init is None or init >= lo) and (hi is None or init is None or init <= hi)
-        if self.dynamic and not in_bounds:
-            raise ValueError(
-                "`initial_scale` must lie within [min_scale, max_scale] (it is not clipped). "
-                f"Received: initial_scale={init}, min_scale={lo}, max_scale={hi}"
-                + ("" if partial else f" (tier={self.resolved_tier!r})"))
-        if init is not None and init <= 0:
-            raise ValueError(f"`initial_scale` must be > 0. Received: initial_scale={init}")
+    @property
+    def rule(self) -> scale_rule.ScaleRule:
+        """The constants of the update rule (`scale_rule.ScaleRule`); known once the tier is."""
+        return scale_rule.ScaleRule(
+            dynamic=self.dynamic, dynamic_growth_steps=self.dynamic_growth_steps,
+            growth_factor=self.growth_factor, backoff_factor=self.backoff_factor,
+            min_scale=self.min_scale, max_scale=self.max_scale, hysteresis=self.hysteresis,
+            min_scale_patience=self.min_scale_patience)
 
     def get_config(self):
         # Exactly the constructor arguments. Once "auto" has been resolved, the chosen tier and
@@ -259,29 +203,16 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             return self.initial_scale
         return float(ops.convert_to_numpy(self.dynamic_scale))
 
-    @property
-    def overflow_count(self):
-        """Variable: total skipped (non-finite) steps."""
-        self._require_built("overflow_count")
-        return self._overflow_count
-
-    @property
-    def consecutive_overflows(self):
-        """Variable: overflows since the last finite step."""
-        self._require_built("consecutive_overflows")
-        return self._consecutive_overflows
-
-    @property
-    def overflows_at_min_scale(self):
-        """Variable: consecutive overflows of steps that already ran at `min_scale`."""
-        self._require_built("overflows_at_min_scale")
-        return self._overflows_at_min_scale
-
-    @property
-    def total_steps(self):
-        """Variable: every `apply` call, applied or skipped (`iterations + overflow_count`)."""
-        self._require_built("total_steps")
-        return self._iterations
+    overflow_count = _built_variable(
+        "overflow_count", "_overflow_count", "Variable: total skipped (non-finite) steps.")
+    consecutive_overflows = _built_variable(
+        "consecutive_overflows", "_consecutive_overflows", "Variable: overflows since the last finite step.")
+    overflows_at_min_scale = _built_variable(
+        "overflows_at_min_scale", "_overflows_at_min_scale",
+        "Variable: consecutive overflows of steps already at `min_scale`.")
+    total_steps = _built_variable(
+        "total_steps", "_iterations",
+        "Variable: every `apply` call, applied or skipped (`iterations + overflow_count`).")
 
     def scale_loss(self, loss):
         if self.built or self.initial_scale is not None:
@@ -328,7 +259,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         raise NotImplementedError(
             "keras_amp.LossScaleOptimizer implements the TensorFlow backend's stateful "
             "`apply()`; `stateless_apply` (JAX) is not supported. "
-            f"Received: backend={keras.backend.backend()!r}, allowed: 'tensorflow'")
+            f"Received: backend={keras.backend.backend()!r}. Allowed: 'tensorflow'")
 
     def apply(self, grads, trainable_variables=None):
         super().apply(grads, trainable_variables)
@@ -362,10 +293,10 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             def apply_fn():
                 distribution.extended.call_for_each_replica(
                     self._apply_unscaled, args=(grads, trainable_variables))
-                self._update_after_finite()
+                self._update(True)
 
             # A cond in cross-replica context: the inner apply calls merge_call itself.
-            ops.cond(finite, apply_fn, self._update_after_non_finite)
+            ops.cond(finite, apply_fn, lambda: self._update(False))
 
         tf.distribute.get_replica_context().merge_call(
             _handle_cross_replica, args=(finite, grads, trainable_variables))
@@ -373,16 +304,12 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def _common_apply(self, grads, trainable_variables=None, finite=None):
         if finite is None:
             finite = self.check_finite(grads)
-        ops.cond(finite,
-                 lambda: self._stateful_handle_finite_grads(grads, trainable_variables),
-                 self._stateful_handle_non_finite_grads)
 
-    def _stateful_handle_finite_grads(self, grads, trainable_variables):
-        self._apply_unscaled(grads, trainable_variables)
-        self._update_after_finite()
+        def apply_fn():
+            self._apply_unscaled(grads, trainable_variables)
+            self._update(True)
 
-    def _stateful_handle_non_finite_grads(self):
-        self._update_after_non_finite()
+        ops.cond(finite, apply_fn, lambda: self._update(False))
 
     def _apply_unscaled(self, grads, trainable_variables):
         scale = self.dynamic_scale
@@ -391,69 +318,43 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                     else ops.divide(g, scale) for g, v in zip(grads, tvs)]
         self.inner_optimizer.apply(unscaled, trainable_variables=trainable_variables)
 
-    def _read_scale(self):
-        # A read tensor, not the variable: `old` must not see the assignment that follows.
-        return tf.identity(self.dynamic_scale.value)
+    def _state_variables(self):
+        return scale_rule.ScaleState(self.dynamic_scale, self.step_counter, self._iterations,
+                                     self._overflow_count, self._consecutive_overflows,
+                                     self._overflows_at_min_scale)
 
-    def _update_after_finite(self):
-        self._iterations.assign_add(1)
-        self._consecutive_overflows.assign(0)
-        self._overflows_at_min_scale.assign(0)
-        if not self.dynamic:
-            self.step_counter.assign_add(1)
-            return
-
-        def grow():
-            old = self._read_scale()
-            new = ops.minimum(old * self.growth_factor, self.max_scale)
-            new = ops.where(ops.isfinite(new), new, old)  # never to inf, whatever max_scale is
-            self.dynamic_scale.assign(new)
-            self.step_counter.assign(0)
-            self._log_in_graph(1, old, new)
-
-        def count():
-            self.step_counter.assign_add(1)
-
-        # One cond per step, as in stock Keras (which conds on the same counter).
-        ops.cond(ops.greater_equal(self.step_counter + 1, self.dynamic_growth_steps), grow, count)
-
-    def _update_after_non_finite(self):
-        old = self._read_scale()
-        k = self._consecutive_overflows + 1
-        at_floor = ops.less_equal(old, self.min_scale) if self.dynamic else True
-        self._iterations.assign_add(1)
-        self._overflow_count.assign_add(1)
-        self._consecutive_overflows.assign(k)
-        self._overflows_at_min_scale.assign(
-            ops.where(at_floor, self._overflows_at_min_scale + 1, 0))
-        self.step_counter.assign(0)
-        new = old
-        if self.dynamic:
-            backed_off = ops.maximum(old * self.backoff_factor, self.min_scale)
-            new = ops.where(ops.greater_equal(k, self.hysteresis), backed_off, old)
-            self.dynamic_scale.assign(new)
-        self._log_in_graph(0, old, new)
+    def _update(self, finite: bool):
+        """Assigns `scale_rule.adjust`'s new state (inside the branch that `finite` names)."""
+        variables = self._state_variables()
+        # Read tensors, not the variables: `old` must not see the assignments that follow.
+        old = scale_rule.ScaleState(*(tf.identity(v.value) for v in variables))
+        new = scale_rule.adjust(self.rule, old, finite)
+        for variable, before, after in zip(variables, old, new):
+            if after is not before:  # the rule passes unchanged values through
+                variable.assign(after)
+        self._log_in_graph(int(finite), old.scale, new)
 
     # ----------------------------------------------------------------- logging (host side)
-    def _log_in_graph(self, kind, old, new):
+    def _log_in_graph(self, kind, old_scale, new):
         """Calls `_host_event` from the step's rare branches, where a host callback may run."""
         if tf.executing_eagerly():
             return  # `apply` runs `host_check()` after the step.
+        if kind and not self.dynamic:
+            return  # a finite step at a static scale changes nothing worth a line
         if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
             return  # XLA cannot call the host; LossScaleMonitor / host_check() log instead.
         if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
             return  # once per replica would repeat lines; the host check logs instead.
         # Only a real change, or a streak at min_scale that `on_min_scale` must act on, calls the
         # host: a scale pinned at max_scale would otherwise cost a round trip per growth interval.
-        needed = ops.not_equal(old, new)
-        if self.on_min_scale != "ignore":
-            needed = ops.logical_or(
-                needed, ops.greater_equal(self._overflows_at_min_scale, self.min_scale_patience))
+        needed = ops.not_equal(old_scale, new.scale)
+        if self.on_min_scale != "ignore" and not kind:
+            needed = ops.logical_or(needed, scale_rule.min_scale_reached(self.rule, new))
 
         def call_host():
-            tf.py_function(self._host_event, [kind, self._iterations, old, new,
-                                              self._consecutive_overflows,
-                                              self._overflows_at_min_scale], [])
+            tf.py_function(self._host_event, [kind, new.total_steps, old_scale, new.scale,
+                                              new.consecutive_overflows,
+                                              new.overflows_at_min_scale], [])
 
         tf.cond(needed, call_host, lambda: None)
 

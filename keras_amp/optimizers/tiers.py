@@ -6,6 +6,8 @@ import dataclasses
 import math
 from typing import Iterable
 
+from keras_amp import validation
+
 AUTO = "auto"
 # Trainable-parameter thresholds separating the tiers (the design's tuning matrix).
 SMALL_MAX_PARAMS = 100_000_000  # "small": fewer than 100M
@@ -36,16 +38,8 @@ TIER_NAMES = (None, AUTO) + tuple(TIERS)
 
 def validate_tier(tier) -> None:
     """Raises unless `tier` is None, "auto" or a name in `TIERS`."""
-    if tier is not None and not isinstance(tier, str):
-        raise TypeError(
-            "`tier` must be a string or None. "
-            f"Received: tier={tier!r} of type {type(tier).__name__}, "
-            f"allowed: {TIER_NAMES}"
-        )
-    if tier not in TIER_NAMES:
-        raise ValueError(
-            f"Unknown `tier`. Received: tier={tier!r}, allowed: {TIER_NAMES}"
-        )
+    if tier is not None:
+        validation.check_choice("tier", tier, TIER_NAMES[1:])
 
 
 def count_params(var_list: Iterable) -> int:

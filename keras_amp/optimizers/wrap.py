@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import keras
 
+from keras_amp import validation
+from keras_amp.optimizers import arguments
 from keras_amp.optimizers.loss_scale_optimizer import LossScaleOptimizer
 from keras_amp.policy import AmpWarning
 
 # Stock Keras LossScaleOptimizer defaults: values equal to these are not carried over on
 # conversion, so the tier's values apply instead.
 _STOCK_DEFAULTS = {"initial_scale": 2.0**15, "dynamic_growth_steps": 2000}
+# What **kwargs may hold: LossScaleOptimizer's own arguments.
+_WRAP_KWARGS = tuple(
+    p for p in inspect.signature(LossScaleOptimizer.__init__).parameters if p not in ("self", "inner_optimizer", "tier", "kwargs")
+)
 
 
 def wrap(optimizer, tier: str | None = "auto", *, force: bool = False,
@@ -24,6 +31,7 @@ def wrap(optimizer, tier: str | None = "auto", *, force: bool = False,
     is refused, since its state would be lost. Under a policy that does not compute in float16
     (mixed_bfloat16, float32) the optimizer is returned unchanged: loss scaling only guards
     float16's narrow exponent range. `force=True` wraps anyway and warns with `AmpWarning`.
+    Every argument is validated under every policy.
 
     Args:
         optimizer: A `keras.optimizers.Optimizer`, or a name/config `keras.optimizers.get`
@@ -31,7 +39,19 @@ def wrap(optimizer, tier: str | None = "auto", *, force: bool = False,
         tier: None, "small", "medium", "large" or "auto". Defaults to "auto".
         force: Bool. Wrap even when the global policy does not compute in float16.
         **kwargs: Further `LossScaleOptimizer` arguments (`min_scale`, `hysteresis`, ...).
+
+    Example:
+
+    ```python
+    keras_amp.enable()
+    model.compile(optimizer=keras_amp.wrap(keras.optimizers.Adam()), loss="mse")
+    ```
     """
+    validation.check_type("optimizer", optimizer, (keras.optimizers.Optimizer, str, dict),
+                          "a keras.optimizers.Optimizer, an optimizer name or a config dict")
+    force = validation.check_bool("force", force)
+    validation.check_no_extra_kwargs("wrap()", kwargs, _WRAP_KWARGS)
+    arguments.check_arguments(tier=tier, **kwargs)
     if isinstance(optimizer, LossScaleOptimizer):
         explicit_tier = tier not in (None, "auto") and tier not in (optimizer.tier, optimizer.resolved_tier)
         if kwargs or explicit_tier:
@@ -42,7 +62,10 @@ def wrap(optimizer, tier: str | None = "auto", *, force: bool = False,
                 "to change its settings.", AmpWarning, stacklevel=2)
         return optimizer
     if not isinstance(optimizer, keras.optimizers.Optimizer):
-        optimizer = keras.optimizers.get(optimizer)
+        try:
+            optimizer = keras.optimizers.get(optimizer)
+        except (ValueError, KeyError, TypeError) as error:  # Keras: KeyError for a dict without class_name
+            raise ValueError(f"`optimizer` is not a known optimizer. Received: optimizer={optimizer!r}") from error
     policy = keras.config.dtype_policy()
     if policy.compute_dtype != "float16":
         if not force:

@@ -1,0 +1,80 @@
+"""Checks of `LossScaleOptimizer`'s constructor arguments, shared with `wrap()`.
+
+`wrap()` validates the same arguments under every policy, also where it then returns the
+optimizer unwrapped, so a typo fails on the machine where it was written, not on the first
+float16 one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from keras_amp import validation
+from keras_amp.optimizers import scale_rule, tiers
+
+ON_MIN_SCALE = ("warn", "raise", "ignore")
+# Base-optimizer arguments stock LossScaleOptimizer accepts (at their defaults) from old configs.
+LEGACY_KWARGS = ("weight_decay", "clipnorm", "global_clipnorm", "clipvalue", "use_ema", "ema_momentum",
+                 "ema_overwrite_frequency", "loss_scale_factor", "gradient_accumulation_steps")
+# The values a tier supplies when the caller passes None.
+TIER_KEYS = ("initial_scale", "dynamic_growth_steps", "min_scale", "max_scale")
+
+
+def _check_steps(name: str, value: Any) -> int:
+    # The counters compared with it are int64 variables (Keras's "int"): int64's range bounds it.
+    return validation.check_int(name, value, min_value=1)
+
+
+def _optional(check, name: str, value: Any):
+    return None if value is None else check(name, value)
+
+
+def check_arguments(*, initial_scale=None, dynamic_growth_steps=None, name=None, tier=None, min_scale=None,
+                    max_scale=None, growth_factor=2.0, backoff_factor=0.5, hysteresis=1, dynamic=True,
+                    on_min_scale="warn", **kwargs) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Validates everything but `inner_optimizer`; returns (settings, the explicit tier keys).
+
+    Unknown keyword arguments raise TypeError; the stock legacy ones pass through to Keras,
+    which accepts only their defaults.
+    """
+    validation.check_no_extra_kwargs("LossScaleOptimizer()", kwargs, LEGACY_KWARGS)
+    validation.check_type("name", name, (str, type(None)), "a string or None")
+    tiers.validate_tier(tier)
+    settings = {
+        "on_min_scale": validation.check_choice("on_min_scale", on_min_scale, ON_MIN_SCALE),
+        "dynamic": validation.check_bool("dynamic", dynamic),
+        "growth_factor": scale_rule.check_growth_factor(growth_factor),
+        "backoff_factor": scale_rule.check_backoff_factor(backoff_factor),
+        "hysteresis": _check_steps("hysteresis", hysteresis),
+    }
+    explicit = {
+        "initial_scale": _optional(scale_rule.check_scale, "initial_scale", initial_scale),
+        "dynamic_growth_steps": _optional(_check_steps, "dynamic_growth_steps", dynamic_growth_steps),
+        "min_scale": _optional(scale_rule.check_scale, "min_scale", min_scale),
+        "max_scale": _optional(scale_rule.check_scale, "max_scale", max_scale),
+    }
+    if tier == tiers.AUTO:  # the tier's values are known at build time: check what is known now
+        check_bounds(settings["dynamic"], explicit)
+    else:
+        check_bounds(settings["dynamic"], resolve(explicit, tiers.tier_values(tier)), tier)
+    return settings, explicit
+
+
+def resolve(explicit: dict[str, Any], values: tiers.TierValues) -> dict[str, Any]:
+    """The explicit values, the tier's where None."""
+    return {key: getattr(values, key) if explicit[key] is None else explicit[key] for key in TIER_KEYS}
+
+
+def check_bounds(dynamic: bool, values: dict[str, Any], tier: Any = tiers.AUTO) -> None:
+    """`min_scale <= initial_scale <= max_scale` among the values known (None: not yet)."""
+    lo, hi, init = values["min_scale"], values["max_scale"], values["initial_scale"]
+    if lo is not None and hi is not None and hi < lo:
+        raise ValueError(f"`max_scale` must be >= `min_scale`. Received: min_scale={lo}, max_scale={hi}")
+    # A static scale never moves, so the bounds (which limit growth and back-off) do not apply.
+    in_bounds = init is None or ((lo is None or init >= lo) and (hi is None or init <= hi))
+    if dynamic and not in_bounds:
+        raise ValueError(
+            "`initial_scale` must lie within [min_scale, max_scale] (it is not clipped). "
+            f"Received: initial_scale={init}, min_scale={lo}, max_scale={hi}"
+            + ("" if tier == tiers.AUTO else f" (tier={tier!r})")
+        )
