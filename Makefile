@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.keras-amp-installed
 PYTEST_ARGS ?=
+QUICK ?=
+BENCH_ARGS ?=
 
 .PHONY: test demo doctor bench clean
 
@@ -23,7 +25,7 @@ doctor: $(STAMP)
 	$(VENV)/bin/keras-amp doctor
 
 bench: $(STAMP)
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) benchmarks/run_all.py
+	TF_CPP_MIN_LOG_LEVEL=2 QUICK=$(QUICK) $(PY) benchmarks/run_all.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache *.egg-info

@@ -53,6 +53,7 @@ def main():
     p.add_argument("--block-steps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--jit", action="store_true", help="jit_compile=True")
+    p.add_argument("--json", help="also write the result here (run_all.py reads it)")
     args = p.parse_args()
 
     keras.config.set_dtype_policy("mixed_float16")
@@ -100,6 +101,9 @@ def main():
         "block_ratios": [round(r, 4) for r in ratios],
     }
     print(json.dumps(result, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f)
     print(f"median ratio keras_amp/stock = {result['median_ratio']:.4f} (target <= 1.02)")
 
 

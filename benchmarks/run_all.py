@@ -1,33 +1,299 @@
-"""Runs every benchmark in turn (each in its own process, so they never share a warm TF runtime).
+"""keras_amp's benchmark suite: step time and peak memory of three workloads, one table.
 
-    python benchmarks/run_all.py            # the recorded figures (~10 minutes on 2 cores)
-    python benchmarks/run_all.py --quick    # a smoke run of each (~2 minutes)
+    python benchmarks/run_all.py                  # the recorded figures (~15 minutes on 2 cores)
+    QUICK=1 python benchmarks/run_all.py          # fewer blocks and steps (< 3 minutes)
+    python benchmarks/run_all.py --smoke          # tiny sizes: checks that everything runs
+    python benchmarks/run_all.py --append-notes   # also append the table to BUILD_NOTES.md
+
+Workloads and configurations: see `workloads.py` (CNN, Transformer LM, LSTM LM; float32, stock
+mixed, keras_amp). On a CPU the mixed policy is mixed_bfloat16 (float16 has no fast CPU path; add
+it with `--policies bf16 fp16`); on GPUs every policy the weakest GPU runs fast (bf16 from
+compute capability 8.0, fp16 from 7.0).
+
+Time: per workload one process (`bench_time.py`) trains every configuration alternately in
+interleaved blocks; the table gives the median step and the median over blocks of the per-block
+ratios (side-by-side runs, so load on the machine hits both sides of a ratio). Memory: every
+configuration trains in a process of its own (`bench_memory.py`): peak RSS above the import
+baseline, and TF's allocator peak. Loss scaling: `bench_loss_scale.py`, keras_amp's
+LossScaleOptimizer vs Keras's under mixed_float16.
 """
 
+from __future__ import annotations
+
 import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-QUICK = {
-    "bench_loss_scale.py": ["--width", "512", "--blocks", "4", "--block-steps", "20"],
-    "bench_layers.py": ["--quick"],
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import workloads  # noqa: E402
+
+# Targets of issue 10 (keras_amp vs stock mixed on the same model, this CPU).
+TIME_TARGET = {"transformer": 1.03, "cnn": 1.02, "lstm": 1.02}
+TRANSFORMER_VS_FLOAT32 = 0.65
+MEMORY_VS_STOCK = 1.03
+MEMORY_VS_FLOAT32 = 0.70
+LOSS_SCALE_TARGET = 1.02
+
+MODES = {  # blocks, steps per block, warm-up steps, memory steps, workloads whose memory is measured
+    "full": dict(blocks=8, steps=15, warmup=3, memory_steps=5, memory=None),
+    # Quick: a process per configuration costs an import and a trace, so memory for one workload.
+    "quick": dict(blocks=3, steps=5, warmup=2, memory_steps=2, memory=("transformer",)),
+    "smoke": dict(blocks=1, steps=2, warmup=1, memory_steps=1, memory=None),
+}
+LOSS_SCALE_ARGS = {
+    "full": [],
+    # float16 matmuls are emulated on CPUs (slow): a small MLP keeps QUICK=1 short there.
+    "quick": ["--width", "256", "--batch", "128", "--blocks", "4", "--block-steps", "10", "--warmup", "5"],
+    "smoke": ["--width", "32", "--depth", "1", "--batch", "8", "--blocks", "2", "--block-steps", "2",
+              "--warmup", "1"],
 }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="short runs: check they work, not the figures")
-    args = parser.parse_args()
-    failed = []
-    for script, quick_args in QUICK.items():
-        print(f"=== {script}", flush=True)
-        rc = subprocess.call([sys.executable, str(HERE / script), *(quick_args if args.quick else [])])
-        if rc:
-            failed.append(script)
+def _device():
+    from keras_amp import hardware  # noqa: PLC0415 (imports TF; keep --help fast)
+
+    return hardware.detect()
+
+
+def default_policies(device) -> tuple[str, ...]:
+    if device.gpus:
+        return tuple(p for p, fast in (("bf16", device.fast_bfloat16), ("fp16", device.fast_float16)) if fast) or ("fp16",)
+    return ("bf16",)
+
+
+def _child(script: str, args: list[str], timeout: float) -> dict | None:
+    """Runs a benchmark script in its own process; its JSON result, or None if it failed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, str(HERE / script), *args, "--json", str(out)]
+        try:
+            rc = subprocess.call(cmd, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            print(f"  {script} {' '.join(args)}: timed out after {timeout:.0f} s", flush=True)
+            return None
+        if rc or not out.exists():
+            print(f"  {script} {' '.join(args)}: failed (exit {rc})", flush=True)
+            return None
+        return json.loads(out.read_text())
+
+
+def paired(blocks: list[dict], a: str, b: str) -> tuple[float, float, float]:
+    """Median, min and max over blocks of a/b (each ratio from runs made side by side)."""
+    ratios = [blk[a] / blk[b] for blk in blocks]
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def _stock_of(name: str) -> str | None:
+    kind, _, _ = workloads.parse_config(name)
+    if kind != "amp":
+        return None
+    return "stock_" + name.split("+")[0].split("_", 1)[1]
+
+
+def _fmt(x, spec=".3f", none="–"):
+    return none if x is None else format(x, spec)
+
+
+def _ratio(a, b):
+    return None if a is None or b in (None, 0) else a / b
+
+
+def build_table(results: dict, memory: dict, loss_scale: dict | None, header: list[str]) -> tuple[str, list[str]]:
+    """The markdown report and the list of target lines (each ending in OK or MISSED)."""
+    lines = list(header)
+    lines += [
+        "",
+        "| model | config | head | step ms | throughput | vs float32 | vs stock | block spread vs stock "
+        "| CPU-time vs stock | RSS MiB | TF peak MiB | RSS vs stock | TF peak vs stock | RSS vs float32 "
+        "| TF peak vs float32 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    targets: list[str] = []
+    for workload, res in results.items():
+        blocks = res["blocks"]
+        mem = memory.get(workload, {})
+        for name in res["configs"]:
+            median = statistics.median(blk[name] for blk in blocks)
+            rate = res["units_per_step"] / median
+            vs32 = paired(blocks, name, "float32")[0] if name != "float32" else None
+            stock = _stock_of(name)
+            vs_stock = paired(blocks, name, stock) if stock in res["configs"] else None
+            cpu_blocks = res.get("cpu_blocks")
+            cpu_vs_stock = paired(cpu_blocks, name, stock)[0] if vs_stock and cpu_blocks else None
+            if name.startswith("stock_"):
+                vs_stock = cpu_vs_stock = None
+            m, m32, ms = mem.get(name) or {}, mem.get("float32") or {}, mem.get(stock) or {}
+            lines.append(
+                f"| {workload} | {name} | {res['head_dtype'].get(name, '?')} | {median * 1e3:.1f} "
+                f"| {rate:,.0f} {res['unit']}/s | {_fmt(vs32)} | {_fmt(vs_stock and vs_stock[0])} "
+                f"| {'–' if not vs_stock else f'{vs_stock[1]:.3f}–{vs_stock[2]:.3f}'} "
+                f"| {_fmt(cpu_vs_stock)} | {_fmt(m.get('rss_mib'), '.0f')} | {_fmt(m.get('tf_peak_mib'), '.0f')} "
+                f"| {_fmt(_ratio(m.get('rss_mib'), ms.get('rss_mib')))} "
+                f"| {_fmt(_ratio(m.get('tf_peak_mib'), ms.get('tf_peak_mib')))} "
+                f"| {_fmt(_ratio(m.get('rss_mib'), m32.get('rss_mib')) if name != 'float32' else None)} "
+                f"| {_fmt(_ratio(m.get('tf_peak_mib'), m32.get('tf_peak_mib')) if name != 'float32' else None)} |"
+            )
+            if "+" in name or not name.startswith("amp_"):
+                continue
+            if vs_stock:
+                goal = TIME_TARGET[workload]
+                targets.append(_target(f"{workload} {name}/{stock} time", vs_stock[0], goal)
+                               + f" (CPU time: {_fmt(cpu_vs_stock)})")
+            if workload == "transformer" and vs32 is not None:
+                targets.append(_target(f"{workload} {name}/float32 time", vs32, TRANSFORMER_VS_FLOAT32))
+            for fig in ("tf_peak_mib", "rss_mib"):
+                r_stock, r_32 = _ratio(m.get(fig), ms.get(fig)), _ratio(m.get(fig), m32.get(fig))
+                label = "TF peak" if fig == "tf_peak_mib" else "RSS"
+                if r_stock is not None:
+                    targets.append(_target(f"{workload} {name}/{stock} {label}", r_stock, MEMORY_VS_STOCK))
+                if r_32 is not None:
+                    targets.append(_target(f"{workload} {name}/float32 {label}", r_32, MEMORY_VS_FLOAT32))
+    if loss_scale is not None:
+        targets.append(_target("loss scaling keras_amp/stock LossScaleOptimizer (mixed_float16, MLP) time",
+                               loss_scale["median_ratio"], LOSS_SCALE_TARGET))
+        lines += ["", f"Loss scaling (bench_loss_scale.py, {loss_scale['params']:,}-parameter MLP, batch "
+                      f"{loss_scale['batch']}, mixed_float16, {loss_scale['blocks']} blocks x "
+                      f"{loss_scale['block_steps']} steps): stock {loss_scale['median_step_ms']['stock']:.1f} ms, "
+                      f"keras_amp {loss_scale['median_step_ms']['keras_amp']:.1f} ms per step; median ratio "
+                      f"{loss_scale['median_ratio']:.3f} (blocks {min(loss_scale['block_ratios']):.3f}–"
+                      f"{max(loss_scale['block_ratios']):.3f})."]
+    lines += ["", "Targets (keras_amp = amp_*, ratios are medians of per-block ratios):", ""]
+    lines += [f"- {t}" for t in targets]
+    return "\n".join(lines), targets
+
+
+def _target(label: str, value: float, goal: float) -> str:
+    return f"{label}: {value:.3f} (target <= {goal}) {'OK' if value <= goal else 'MISSED'}"
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
+
+def header(device, mode: str, policies, args, load_start: str) -> list[str]:
+    import keras  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415
+
+    import keras_amp  # noqa: PLC0415
+
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    m = MODES[mode]
+    return [
+        f"### keras_amp benchmark suite ({mode}), {now}",
+        "",
+        f"- Machine: {device.summary()}; {os.cpu_count()} logical CPUs; {platform.platform()}.",
+        f"- Versions: Python {platform.python_version()}, TensorFlow {tf.__version__}, Keras "
+        f"{keras.__version__}, keras_amp {keras_amp.__version__}, NumPy {np.__version__}.",
+        f"- Method: per workload one process, configurations {', '.join(workloads.config_names(policies))} "
+        f"(and the variants listed) "
+        f"trained alternately in {m['blocks']} blocks x {m['steps']} timed steps (warm-up {m['warmup']} "
+        f"steps discarded, order rotated), per-batch callback timing, cached repeated tf.data input; "
+        f"jit_compile={args.jit}. Memory: each configuration in its own process, {m['memory_steps']} steps"
+        f"{'' if m['memory'] is None else ' (' + ', '.join(m['memory']) + ' only)'}. "
+        f"Load average (1/5/15 min) at start: {load_start}; at end: {_load()}.",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer blocks and steps (also QUICK=1)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: only checks that it runs")
+    parser.add_argument("--workloads", nargs="+", choices=workloads.WORKLOADS, default=list(workloads.WORKLOADS))
+    parser.add_argument("--policies", nargs="+", choices=sorted(workloads.POLICY), help="default: by hardware")
+    parser.add_argument("--variants", nargs="*", default=[],
+                        help="extra configurations (time only), e.g. amp_bf16+head32, or lstm:amp_bf16+amplstm "
+                             "for one workload")
+    parser.add_argument("--memory-variants", action="store_true", help="measure the variants' memory too")
+    parser.add_argument("--jit", choices=("auto", "true", "false"), default="auto")
+    parser.add_argument("--blocks", type=int, help="override the mode's number of blocks")
+    parser.add_argument("--steps", type=int, help="override the mode's timed steps per block")
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--no-loss-scale", action="store_true")
+    parser.add_argument("--append-notes", action="store_true", help="append the table to BUILD_NOTES.md")
+    parser.add_argument("--json", help="also write every raw result here")
+    args = parser.parse_args(argv)
+    quick = args.quick or os.environ.get("QUICK", "").strip() not in ("", "0")
+    mode = "smoke" if args.smoke else "quick" if quick else "full"
+    m = dict(MODES[mode])
+    m["blocks"] = args.blocks or m["blocks"]
+    m["steps"] = args.steps or m["steps"]
+    MODES[mode] = m
+    variants: dict[str, list[str]] = {w: [] for w in args.workloads}
+    for spec in args.variants:
+        workload, _, name = spec.rpartition(":")
+        workloads.parse_config(name)
+        if workload and workload not in workloads.WORKLOADS:
+            parser.error(f"--variants: unknown workload in {spec!r}; allowed: {', '.join(workloads.WORKLOADS)}")
+        for w in [workload] if workload else args.workloads:
+            if w in variants and name not in variants[w]:
+                variants[w].append(name)
+    load_start = _load()
+    device = _device()
+    policies = tuple(args.policies) if args.policies else default_policies(device)
+    configs = workloads.config_names(policies)
+    smoke = ["--smoke"] if args.smoke else []
+    timeout = 3600 if mode == "full" else 900
+    failed: list[str] = []
+
+    results, memory = {}, {}
+    for workload in args.workloads:
+        names = configs + variants[workload]
+        print(f"=== time: {workload} ({', '.join(names)})", flush=True)
+        res = _child("bench_time.py", [workload, "--configs", *names, "--blocks", str(m["blocks"]),
+                                       "--steps", str(m["steps"]), "--warmup", str(m["warmup"]),
+                                       "--jit", args.jit, *smoke], timeout)
+        if res is None:
+            failed.append(f"time {workload}")
+            continue
+        results[workload] = res
+    if not args.no_memory:
+        for workload in [w for w in args.workloads if m["memory"] is None or w in m["memory"]]:
+            for name in configs + (variants[workload] if args.memory_variants else []):
+                print(f"=== memory: {workload} {name}", flush=True)
+                res = _child("bench_memory.py", [workload, name, "--steps", str(m["memory_steps"]),
+                                                 "--jit", args.jit, *smoke], timeout)
+                if res is None:
+                    failed.append(f"memory {workload} {name}")
+                else:
+                    memory.setdefault(workload, {})[name] = res
+    loss_scale = None
+    if not args.no_loss_scale:
+        print("=== loss scaling (mixed_float16)", flush=True)
+        loss_scale = _child("bench_loss_scale.py", LOSS_SCALE_ARGS[mode], timeout)
+        if loss_scale is None:
+            failed.append("loss scaling")
+
+    text, _ = build_table(results, memory, loss_scale, header(device, mode, policies, args, load_start))
+    rules = sorted({state for res in results.values() for name, state in res["op_rules"].items()
+                    if name.startswith("amp_")})
+    text += f"\n\nkeras_amp op-level rules during the amp_* traces: {', '.join(rules) or '–'}."
+    retraced = [f"{w}/{n} ({t}x)" for w, res in results.items() for n, t in res.get("traces", {}).items()
+                if t is not None and t != 1]
+    if retraced:
+        text += f"\n\nTraced more than once (timings include retracing): {', '.join(retraced)}."
     if failed:
-        print(f"failed: {', '.join(failed)}")
+        text += f"\n\nFailed: {', '.join(failed)}."
+    print("\n" + text, flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"time": results, "memory": memory, "loss_scale": loss_scale}, indent=1))
+    if args.append_notes:
+        with open(ROOT / "BUILD_NOTES.md", "a") as f:
+            f.write("\n" + text + "\n")
+        print("appended to BUILD_NOTES.md")
     return 1 if failed else 0
 
 

@@ -328,7 +328,9 @@ def _output_findings(model) -> list[Finding]:
             findings.append(Finding(
                 "output_not_float32", op.name,
                 f"model output {i} is {dtype}: the loss and metrics see {dtype}-rounded values",
-                "make the last layer float32 (keras_amp.layers.OutputHead, dtype='float32', or apply_recipe)",
+                "for float32 logits at the 16-bit matmul's speed build the head as keras_amp.layers.Logits; or make "
+                f"it float32 (dtype='float32', keras_amp.layers.OutputHead, or apply_recipe(..., rules={{{op.name!r}: "
+                "'float32'}))",
             ))
     return findings
 

@@ -2,6 +2,7 @@
 
 from keras_amp.layers.attention import MultiHeadAttention
 from keras_amp.layers.float32 import Float32
+from keras_amp.layers.logits import Logits
 from keras_amp.layers.normalization import (
     BatchNormalization,
     GroupNormalization,
@@ -21,6 +22,7 @@ __all__ = [
     "LSTM",
     "LSTMCell",
     "LayerNormalization",
+    "Logits",
     "MultiHeadAttention",
     "OutputHead",
     "RMSNormalization",

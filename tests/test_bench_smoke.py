@@ -1,0 +1,50 @@
+"""The benchmark suite runs end to end (smoke mode: tiny sizes, no figure asserted)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import workloads  # noqa: E402
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", workloads.WORKLOADS)
+def test_every_configuration_builds(workload):
+    s = workloads.sizes(workload, smoke=True)
+    for name in workloads.config_names(("bf16", "fp16"), ("amp_bf16+head32", "amp_bf16+logits")):
+        model = workloads.build(workload, name, s)
+        assert model.compiled, name
+        if name.startswith("amp_") and "+" not in name:
+            assert model.get_layer(workloads.HEAD[workload]) is not None
+
+
+def test_unknown_configuration_is_refused():
+    with pytest.raises(ValueError, match="Received: name='amp_int8'"):
+        workloads.parse_config("amp_int8")
+
+
+@pytest.mark.slow
+def test_suite_prints_the_table(tmp_path):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", QUICK="")
+    notes = ROOT / "BUILD_NOTES.md"
+    before = notes.read_bytes()
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run_all.py"), "--smoke", "--workloads", "transformer",
+         "--variants", "amp_bf16+logits", "--json", str(tmp_path / "raw.json")],
+        capture_output=True, text=True, timeout=600, env=env, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "keras_amp benchmark suite (smoke)" in out
+    assert "TensorFlow" in out and "Keras" in out and "Machine:" in out
+    for name in ("float32", "stock_bf16", "amp_bf16", "amp_bf16+logits"):
+        assert f"| transformer | {name} |" in out
+    assert "Targets" in out and "loss scaling keras_amp/stock" in out
+    assert (tmp_path / "raw.json").exists()
+    assert notes.read_bytes() == before  # appended only with --append-notes
