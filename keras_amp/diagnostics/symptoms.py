@@ -73,7 +73,7 @@ SYMPTOMS: tuple[Symptom, ...] = (
 )
 
 _FLOAT32 = ("compute {layers} in float32: dtype='float32' on the layer, keras_amp.layers.Float32(...), "
-            "or keras_amp.apply_recipe(model, rules={{'<layer name>': 'float32'}})")
+            "or keras_amp.apply_recipe(model, '<recipe>', rules={{'<layer name>': 'float32'}})")
 
 NODES: tuple[Node, ...] = (
     Node("overflowing", "Is the loss scale at its floor, or are steps overflowing?",
