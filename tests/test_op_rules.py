@@ -10,6 +10,8 @@ from keras import ops
 
 import keras_amp
 from keras_amp import op_rules
+from keras_amp.op_rules import attention as attention_rules
+from keras_amp.op_rules import installer
 from keras_amp.diagnostics import audit
 
 pytestmark = pytest.mark.filterwarnings("ignore:mixed_float16 requested:keras_amp.AmpWarning")
@@ -24,7 +26,7 @@ def stock_keras():
 
 
 def _attr(name):
-    owner, attr, _ = op_rules._TARGETS[name]
+    owner, attr, _ = installer._TARGETS[name]
     return owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
 
 
@@ -41,7 +43,7 @@ def test_table_rows_targets_and_digests_agree():
         assert rule.kind in kinds and rule.by in ("keras_amp", "keras", "none") and rule.reason
         assert bool(rule.targets) == (rule.by == "keras_amp"), rule.op
         for name in rule.targets:
-            assert name in op_rules._TARGETS and name in op_rules.ORIGINAL_DIGESTS
+            assert name in installer._TARGETS and name in op_rules.ORIGINAL_DIGESTS
         assert set(rule.dtypes) <= set(op_rules.HAZARD_DTYPES.get(rule.kind, ())), rule.op
     text = op_rules.rules_markdown()
     assert all(f"| {rule.op} |" in text for rule in op_rules.RULES)
@@ -64,12 +66,12 @@ def test_public_ops_call_the_replaced_backend_modules():
     assert backend.nn is tf_nn and backend.math is tf_math and backend.numpy is tf_numpy
     op_rules.install("float16")
     for name in op_rules.replaced():
-        assert _attr(name) is op_rules._REPLACEMENTS[name]
+        assert _attr(name) is installer._REPLACEMENTS[name]
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_enable_installs_and_disable_restores_every_object_exactly(policy):
-    before = {name: _attr(name) for name in op_rules._TARGETS}
+    before = {name: _attr(name) for name in installer._TARGETS}
     keras_amp.enable(policy)
     compute = keras_amp.config().compute_dtype
     assert op_rules.installed() == compute
@@ -78,13 +80,13 @@ def test_enable_installs_and_disable_restores_every_object_exactly(policy):
     assert all(_attr(name) is not before[name] for name in expected)
     keras_amp.disable()
     assert op_rules.installed() is None and op_rules.replaced() == ()
-    assert all(_attr(name) is before[name] for name in op_rules._TARGETS)
+    assert all(_attr(name) is before[name] for name in installer._TARGETS)
 
 
 def test_no_rules_under_float32():
     keras_amp.enable("float32")
     assert op_rules.installed() is None and op_rules.replaced() == ()
-    assert all(_attr(name) is op_rules.ORIGINALS[name] for name in op_rules._TARGETS)
+    assert all(_attr(name) is op_rules.ORIGINALS[name] for name in installer._TARGETS)
     keras_amp.enable("mixed_bfloat16")
     assert op_rules.installed() == "bfloat16"
     keras_amp.enable("float32")  # switching back to float32 removes them
@@ -451,9 +453,9 @@ def test_scores_einsum_check_runs_only_while_tracing(monkeypatch):
 
         return wrapper
 
-    monkeypatch.setattr(op_rules, "scores_caller", counted("check", op_rules.scores_caller))
-    scores = op_rules.amp_attention.float32_scores
-    monkeypatch.setattr(op_rules.amp_attention, "float32_scores", counted("scores", scores))
+    monkeypatch.setattr(attention_rules, "scores_caller", counted("check", attention_rules.scores_caller))
+    scores = attention_rules.amp_attention.float32_scores
+    monkeypatch.setattr(attention_rules.amp_attention, "float32_scores", counted("scores", scores))
     layer = SelfScores()
     q, k = (f16(a) for a in _scores_input((-1, 0, 1)))
     step = tf.function(lambda q, k: layer(q, k))

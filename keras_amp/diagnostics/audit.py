@@ -3,14 +3,13 @@
 The forward pass (and, with `backward=True`, the gradient of a scalar made from the outputs) is
 traced as one `tf.function` and then executed, so the batch really runs. The traced graph is the
 record: each op's type (`Softmax`, `Rsqrt`, `SparseSoftmaxCrossEntropyWithLogits`, ...) and its
-input dtype. The layer that ran each op comes from the diagnostic step's attribution
-(`keras_amp.diagnostics.step.attributing`, the one op-to-layer mapping of the package, shared
-with `find_overflow`): each layer's `call` is watched while the function is traced, which is
-exact where name scopes are not (a layer called twice, a layer named like another's uniquified
-scope). Backward ops are those the gradient computation created, by creation order (TF makes
-some outside the "gradient_tape/" name scope). Bodies of `tf.while_loop` and other
-function-valued attributes (RNNs) are read too: an op there belongs to the layer whose call
-created it (an RNN's cell), else to the layer running the loop.
+input dtype. The layer that ran each op comes from `keras_amp.diagnostics.attribution` (the one
+op-to-layer mapping of the package, shared with `find_overflow`): each layer's `call` is
+watched while the function is traced, which is exact where name scopes are not (a layer called
+twice, a layer named like another's uniquified scope). Backward ops are those the gradient
+computation created, by creation order (TF makes some outside the "gradient_tape/" name scope).
+Bodies of `tf.while_loop` and other function-valued attributes (RNNs) are read too: an op there
+belongs to the layer whose call created it (an RNN's cell), else to the layer running the loop.
 Because the graph is what actually ran, raw `tf.*` calls, subclassed models and third-party
 layers (keras-hub) are covered, not only known layer classes.
 """
@@ -25,7 +24,7 @@ import tensorflow as tf
 
 from keras_amp import op_rules
 from keras_amp import validation
-from keras_amp.diagnostics import step as diag_step
+from keras_amp.diagnostics import attribution
 
 # TF op type -> hazard kind (the kinds of `keras_amp.op_rules.RULES`); a kind is a hazard in the
 # dtypes of `op_rules.HAZARD_DTYPES`.
@@ -128,14 +127,14 @@ def _scalar(outputs: Any) -> tf.Tensor:
     return tf.add_n(parts) if parts else tf.constant(0.0)
 
 
-def _traced(model: keras.Model, x: Any, training: bool, backward: bool) -> diag_step.Trace:
+def _traced(model: keras.Model, x: Any, training: bool, backward: bool) -> attribution.Trace:
     """Traces `model(x)` (+ the backward pass) with ops attributed to layers; runs it once."""
     inputs = keras.tree.map_structure(tf.convert_to_tensor, x)
     if not model.built:
         # Sublayers a layer creates in build() (MultiHeadAttention's projections) must exist
         # before attribution wraps them; tracing builds the model without running the batch.
         tf.function(lambda i: model(i, training=training)).get_concrete_function(inputs)
-    trace = diag_step.Trace()
+    trace = attribution.Trace()
 
     def step(inputs):
         graph = tf.compat.v1.get_default_graph()
@@ -151,10 +150,10 @@ def _traced(model: keras.Model, x: Any, training: bool, backward: bool) -> diag_
             grads = [g for g in tape.gradient(total, model.trainable_variables) if g is not None]
             # Returning the gradients keeps every backward op live, so the batch really runs them.
             result = (total, grads)
-        diag_step.assign_owners(trace, graph.get_operations(), forward_end, model_start, model_end, "")
+        attribution.assign_owners(trace, graph.get_operations(), forward_end, model_start, model_end, "")
         return result
 
-    with diag_step.attributing(model, trace):
+    with attribution.attributing(model, trace):
         concrete = tf.function(step).get_concrete_function(inputs)
     concrete(inputs)  # the function traced under attribution (calling the tf.function could retrace)
     return trace
@@ -162,10 +161,10 @@ def _traced(model: keras.Model, x: Any, training: bool, backward: bool) -> diag_
 
 def _owner(owner: str) -> str:
     # The model's own ops, its input conversion, the scalar and gradient sums: outside every layer.
-    return "" if owner in (diag_step.INPUT, diag_step.LOSS, diag_step.GRADIENT_SUM) else owner
+    return "" if owner in (attribution.INPUT, attribution.LOSS, attribution.GRADIENT_SUM) else owner
 
 
-def graph_ops(trace: diag_step.Trace) -> Iterator[tuple[str, tf.Operation, str, str]]:
+def graph_ops(trace: attribution.Trace) -> Iterator[tuple[str, tf.Operation, str, str]]:
     """(full name, op, layer path, phase) for every traced op, with loop/branch bodies inside.
 
     An op in a nested body (a `tf.while_loop`, an RNN's cell) runs in the pass of the op that
@@ -184,7 +183,7 @@ def _with_bodies(trace, op: tf.Operation, name: str, graph, path: str, phase: st
         function = graph._get_function(attr.func.name)  # TF 2.21: the nested FuncGraph's owner
         body = getattr(function, "graph", None)
         if body is not None:
-            owners = diag_step.body_owners(trace, body, path)
+            owners = attribution.body_owners(trace, body, path)
             for inner, owner in zip(body.get_operations(), owners):
                 yield from _with_bodies(trace, inner, f"{name}/{inner.name}", body, owner, phase)
 
@@ -244,6 +243,9 @@ def audit_model(model: keras.Model, x: Any, *, training: bool = False, backward:
         >>> [(r.layer_path, r.op_type) for r in report.low_precision()]
     """
     validation.check_type("model", model, keras.Model, "a keras.Model")
+    if x is None:
+        raise TypeError("`x` must be the model's input: an array, a tensor or the structure the model "
+                        "takes. Received: x=None")
     validation.check_bool("training", training)
     validation.check_bool("backward", backward)
     trace = _traced(model, x, training, backward)

@@ -163,6 +163,9 @@ class GradientProbe:
     def __init__(self, model: keras.Model, x: Any, y: Any = None, loss: Any = None, *,
                  training: bool = True, jit_compile: bool = False):
         validation.check_type("model", model, keras.Model, "a keras.Model")
+        if x is None:
+            raise TypeError("`x` must be the model's input: an array, a tensor or the structure the model "
+                            "takes. Received: x=None")
         self.model = model
         training = validation.check_bool("training", training)
         jit_compile = validation.check_bool("jit_compile", jit_compile)

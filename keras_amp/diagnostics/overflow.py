@@ -24,11 +24,11 @@ import numpy as np
 import tensorflow as tf
 
 from keras_amp import validation
-from keras_amp.diagnostics import gradient_stats
+from keras_amp.diagnostics import attribution, gradient_stats
 from keras_amp.diagnostics import step as diag_step
 
 
-_NOT_LAYERS = (diag_step.INPUT, diag_step.LOSS, diag_step.GRADIENT_SUM)
+_NOT_LAYERS = (attribution.INPUT, attribution.LOSS, attribution.GRADIENT_SUM)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +147,7 @@ class OverflowReport:
         return "\n".join(lines)
 
 
-def _measured(trace: diag_step.Trace) -> list[tuple[int, Any]]:
+def _measured(trace: attribution.Trace) -> list[tuple[int, Any]]:
     """(op index, tensor) for every floating-point output of the step's ops."""
     return [(i, t) for i, op in enumerate(trace.ops) for t in op.outputs if t.dtype.is_floating]
 
@@ -245,6 +245,9 @@ def find_overflow(model: keras.Model, x: Any, y: Any = None, loss: Any = None, *
         >>> report.offending_layers()   # ["block_3/attention"]: candidates for float32
     """
     validation.check_type("model", model, keras.Model, "a keras.Model")
+    if x is None:
+        raise TypeError("`x` must be the model's input: an array, a tensor or the structure the model "
+                        "takes. Received: x=None")
     training = validation.check_bool("training", training)
     if jit_compile is None:
         jit_compile = getattr(model, "jit_compile", False) is True

@@ -16,8 +16,8 @@ multi-worker path (`_collective_all_reduce_multi_worker(strategy)` is True):
 
 Both replacements delegate to the original Keras function on every other path, so single-worker,
 MirroredStrategy, TPU, "concat" and "sum" behaviour is untouched. The fix is installed only for
-Keras 3.15.x and only when the original sources are the ones it was written against; a guard
-test (tests/distribute/test_trainer_fix.py) fails when Keras changes them.
+Keras 3.15.x and only when the original sources are the ones it was written against; a row per
+function in the guard table (tests/test_keras_guards.py) fails when Keras changes them.
 """
 
 from __future__ import annotations

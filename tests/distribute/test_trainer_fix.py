@@ -22,13 +22,9 @@ def test_keras_is_the_version_the_fit_fix_targets():
     )
 
 
-def test_patched_keras_sources_unchanged():
-    found = trainer_fix.source_sha256()
-    assert found == trainer_fix.ORIGINAL_SOURCE_SHA256, (
-        "Keras changed the functions keras_amp.distribute.trainer_fix replaces; re-read "
-        "keras/src/backend/tensorflow/trainer.py and update or drop the fix. "
-        f"Received: {found}"
-    )
+def test_fit_fix_installs_on_this_keras():
+    # The install-time check (full sha256, trainer_fix.ORIGINAL_SOURCE_SHA256) passes here; the
+    # sources themselves are pinned by the guard table, which also checks that both pins agree.
     needed, why = trainer_fix.fit_fix_needed()
     assert needed, why
 

@@ -7,7 +7,6 @@ import pytest
 import tensorflow as tf
 
 from keras_amp.layers import GRU, LSTM
-from tests.keras_guard import source_digest
 from tests.layers.conftest import MIXED, np64, sigmoid, u
 
 UNITS = 4
@@ -190,41 +189,6 @@ def test_recurrent_dropout_matches_stock_in_float32(ours, stock):
     no_dropout = np64(stock_layer(x, training=False))
     assert np.abs(stock_out - no_dropout).max() > 1e-3  # guard: dropout was applied
     np.testing.assert_allclose(ours_out, stock_out, rtol=0, atol=1e-6)
-
-
-# Sources of the stock methods `recurrent.py` copies or relies on, Keras 3.15.1.
-STOCK_SOURCES = {
-    "RNN.call": keras.layers.RNN.call,
-    "RNN.inner_loop": keras.layers.RNN.inner_loop,
-    "LSTM.inner_loop": keras.layers.LSTM.inner_loop,  # use_cudnn=False -> RNN.inner_loop
-    "GRU.inner_loop": keras.layers.GRU.inner_loop,
-    "LSTM.__init__": keras.layers.LSTM.__init__,
-    "GRU.__init__": keras.layers.GRU.__init__,
-    "LSTMCell.call": keras.layers.LSTMCell.call,
-    "GRUCell.call": keras.layers.GRUCell.call,
-}
-PINNED_SHA256 = {
-    "RNN.call": "e580bb43258da9c3",
-    "RNN.inner_loop": "95624f67dd86cc32",
-    "LSTM.inner_loop": "8dc385b0e14a252e",
-    "GRU.inner_loop": "c60ea87cae404e16",
-    "LSTM.__init__": "74003dee042b8d6a",
-    "GRU.__init__": "ad6759233509ce98",
-    "LSTMCell.call": "c71d0352f74b106d",
-    "GRUCell.call": "1019f8bce4307f38",
-}
-
-
-_digest = source_digest
-
-
-def test_guard_stock_keras_unchanged():
-    assert keras.__version__.startswith("3.15"), keras.__version__
-    digests = {name: _digest(fn) for name, fn in STOCK_SOURCES.items()}
-    assert digests == PINNED_SHA256, (
-        "Stock Keras RNN code changed: re-check keras_amp/layers/recurrent.py "
-        f"against it, then update PINNED_SHA256. Now: {digests}"
-    )
 
 
 @pytest.mark.parametrize("cls", [LSTM, GRU], ids=["LSTM", "GRU"])

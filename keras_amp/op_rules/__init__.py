@@ -1,0 +1,63 @@
+"""Op-level float32 rules: numerically sensitive Keras ops compute in float32 under a 16-bit policy.
+
+While `keras_amp.enable()` is in force with a float16 or bfloat16 compute dtype, the ops marked
+"keras_amp" in `RULES` compute in float32 whichever layer, model or user function calls them
+(Sequential, functional with operator nodes, subclassed, keras-hub). `disable()` restores every
+replaced Keras object exactly. `rules_markdown()` prints the table.
+
+Modules:
+    table: the rules (`RULES`), the pinned Keras sources, what no rule reaches.
+    float32_ops: float32 replacements of single ops (softmax, normalisation, gelu, losses).
+    attention: float32 attention scores (MultiHeadAttention, and the QK^T einsum of other layers).
+    installer: replacing and restoring the Keras objects, driven by `keras_amp.enable()`.
+"""
+
+from keras_amp.op_rules.attention import scores_caller
+from keras_amp.op_rules.installer import (
+    ORIGINALS,
+    install,
+    installed,
+    replaced,
+    rule_installed,
+    source_digests,
+    uninstall,
+    why_not_installed,
+)
+from keras_amp.op_rules.table import (
+    ATTENTION_OP,
+    BOTH,
+    FLOAT16,
+    HAZARD_DTYPES,
+    LOW_PRECISION,
+    NOT_REACHED,
+    ORIGINAL_DIGESTS,
+    RULES,
+    SCORES_EINSUM_OP,
+    TARGET_KERAS,
+    Rule,
+    rules_markdown,
+)
+
+__all__ = [
+    "ATTENTION_OP",
+    "BOTH",
+    "FLOAT16",
+    "HAZARD_DTYPES",
+    "LOW_PRECISION",
+    "NOT_REACHED",
+    "ORIGINALS",
+    "ORIGINAL_DIGESTS",
+    "RULES",
+    "Rule",
+    "SCORES_EINSUM_OP",
+    "TARGET_KERAS",
+    "install",
+    "installed",
+    "replaced",
+    "rule_installed",
+    "rules_markdown",
+    "scores_caller",
+    "source_digests",
+    "uninstall",
+    "why_not_installed",
+]

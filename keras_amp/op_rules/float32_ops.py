@@ -1,0 +1,99 @@
+"""Float32 replacements of single Keras backend ops (softmax, normalisation, gelu, losses).
+
+Each factory takes the original Keras function and returns its replacement, which computes in
+float32 when given 16-bit inputs and calls the original unchanged otherwise. The table
+(`keras_amp.op_rules.table.RULES`) says which op gets which and why; the installer swaps them in.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import keras
+import tensorflow as tf
+
+from keras_amp.op_rules.table import LOW_PRECISION
+
+
+def is_16bit(x: Any, dtypes: tuple[str, ...] = LOW_PRECISION) -> bool:
+    """Whether `x` has a dtype, and it is one of `dtypes` (float16 or bfloat16)."""
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and keras.backend.standardize_dtype(dtype) in dtypes
+
+
+def _up(x: Any) -> Any:
+    return tf.cast(x, tf.float32) if is_16bit(x) else x
+
+
+def float32_input_dtype(original: Callable) -> Callable:
+    """`original(x, ...)` computed on float32 `x`, the result cast back to `x`'s dtype."""
+
+    def rule(x, *args, **kwargs):
+        if not is_16bit(x):
+            return original(x, *args, **kwargs)
+        return tf.cast(original(tf.cast(x, tf.float32), *args, **kwargs), x.dtype)
+
+    rule.__name__ = rule.__qualname__ = original.__name__
+    return rule
+
+
+def float32_softmax(original: Callable) -> Callable:
+    def softmax(x, axis=-1):
+        if not is_16bit(x):
+            return original(x, axis=axis)
+        output = tf.cast(original(tf.cast(x, tf.float32), axis=axis), x.dtype)
+        # Keras's contract: a softmax output carries its logits, which the cross-entropies use.
+        output._keras_logits = x
+        return output
+
+    return softmax
+
+
+def float32_batch_normalization(original: Callable) -> Callable:
+    def batch_normalization(x, mean, variance, axis, offset=None, scale=None, epsilon=1e-3):
+        x = tf.convert_to_tensor(x)
+        if not any(is_16bit(t) for t in (x, mean, variance, offset, scale)):
+            return original(x, mean, variance, axis, offset, scale, epsilon)
+        # x * inv + (offset - mean * inv): two near-equal 16-bit terms when |mean| >> std.
+        up = [None if t is None else tf.cast(t, tf.float32) for t in (x, mean, variance, offset, scale)]
+        return tf.cast(original(up[0], up[1], up[2], axis, up[3], up[4], epsilon), x.dtype)
+
+    return batch_normalization
+
+
+def _up_keeping_logits(output: Any, op_type: str) -> Any:
+    """`output` in float32, still carrying the logits Keras's cross-entropies look for."""
+    if not is_16bit(output):
+        return output
+    logits = getattr(output, "_keras_logits", None)
+    if logits is None and not tf.executing_eagerly() and getattr(output, "op", None) is not None:
+        if output.op.type == op_type and len(output.op.inputs) == 1:
+            logits = output.op.inputs[0]
+    up = tf.cast(output, tf.float32)
+    if logits is not None:
+        up._keras_logits = tf.cast(logits, tf.float32)
+    return up
+
+
+def float32_loss(op_type: str) -> Callable:
+    def factory(original: Callable) -> Callable:
+        def loss(target, output, *args, **kwargs):
+            if not (is_16bit(output) or is_16bit(target)):
+                return original(target, output, *args, **kwargs)
+            return original(_up(target), _up_keeping_logits(output, op_type), *args, **kwargs)
+
+        loss.__name__ = loss.__qualname__ = original.__name__
+        return loss
+
+    return factory
+
+
+def float32_loss_spec(original: Callable) -> Callable:
+    def compute_output_spec(self, target, output):
+        spec = original(self, target, output)
+        if is_16bit(output) or is_16bit(target):
+            return keras.KerasTensor(spec.shape, dtype="float32")
+        return spec
+
+    return compute_output_spec
+

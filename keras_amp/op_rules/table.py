@@ -1,0 +1,213 @@
+"""The op table: which Keras ops compute in float32 under a 16-bit policy, how, and why.
+
+`RULES` is the one table (`rules_markdown()` prints it); `ORIGINAL_DIGESTS` pins the Keras 3.15.1
+source of every object a rule replaces or relies on; `NOT_REACHED` lists what no op-level rule
+reaches. `keras_amp.op_rules.installer` applies the rows marked "keras_amp".
+
+Output dtype convention (the table's "output" column), in the spirit of TF grappler's
+auto-mixed-precision lists and torch.autocast's "fp32" / "promote" policies:
+
+    runs in float32, output "input dtype": inputs cast up, computed, result cast back to the
+        caller's dtype, so the next matmul inside the layer stays in the compute dtype (Keras
+        promotes float16 + float32 to float32, which would make it a float32 matmul);
+    runs in float32, output "float32": losses; their value is reduced and logged in float32;
+    runs in "widest input": Keras's own promotion of mixed inputs (no override);
+    runs in "compute dtype": left alone, with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+TARGET_KERAS = "3.15."
+LOW_PRECISION = ("float16", "bfloat16")
+BOTH = LOW_PRECISION
+FLOAT16 = ("float16",)
+# Hazard kind -> the 16-bit dtypes in which an op of that kind is a hazard (the dynamic audit flags
+# it there). Exp-type results and sums overflow float16's range, which bfloat16 shares with float32;
+# attention scores, softmax, normalisation statistics and losses lose precision in both.
+HAZARD_DTYPES = {
+    "attention": BOTH,
+    "softmax": BOTH,
+    "normalization": BOTH,
+    "loss": BOTH,
+    "exp": FLOAT16,
+    "reduction": FLOAT16,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One row of the op table.
+
+    Args:
+        op: String. The public op(s), as users call them.
+        kind: String. Hazard family, shared with the dynamic audit: "softmax", "attention",
+            "normalization", "exp", "loss", "reduction" or "" (not sensitive).
+        runs_in: String. "float32", "compute dtype" or "widest input".
+        output: String. The result's dtype: "input dtype", "float32", "compute dtype", "widest".
+        dtypes: Tuple of strings. The 16-bit compute dtypes the rule is for (where the op is a
+            hazard); empty when it is not one.
+        by: String. "keras_amp" (replaced while enabled), "keras" (Keras 3.15.1 already does
+            it) or "none" (left alone on purpose).
+        targets: Tuple of strings. Qualified names of the Keras objects replaced while enabled.
+        reason: String. Why.
+    """
+
+    op: str
+    kind: str
+    runs_in: str
+    output: str
+    dtypes: tuple[str, ...]
+    by: str
+    targets: tuple[str, ...]
+    reason: str
+
+
+TF_NN = "keras.src.backend.tensorflow.nn"
+EINSUM = "keras.src.backend.tensorflow.numpy.einsum"
+EINSUM_SPEC = "keras.src.ops.numpy.Einsum.compute_output_spec"
+ATTENTION_OP = "MultiHeadAttention scores (QK^T, scale, mask, softmax)"
+SCORES_EINSUM_OP = "einsum(layer._dot_product_equation, ...) in other attention layers"
+RULES: tuple[Rule, ...] = (
+    Rule("softmax", "softmax", "float32", "input dtype", BOTH, "keras_amp", (f"{TF_NN}.softmax",),
+         "exp and the normaliser (a sum over the axis) in float32, one rounding at the end; the "
+         "backward sum over the axis runs in float32 too"),
+    Rule("log_softmax", "softmax", "float32", "input dtype", BOTH, "keras_amp", (f"{TF_NN}.log_softmax",),
+         "the float16 normaliser overflows past 65504 terms: over 70000 classes stock gives -inf"),
+    Rule("logsumexp", "softmax", "float32", "input dtype", BOTH, "keras_amp",
+         ("keras.src.backend.tensorflow.math.logsumexp",),
+         "TF sums exp(x - max) in the input dtype: inf in float16 past 65504 terms"),
+    Rule(ATTENTION_OP, "attention", "float32", "compute dtype",
+         BOTH, "keras_amp", ("keras.layers.MultiHeadAttention._compute_attention",),
+         "QK^T sums key_dim products: entries near 300 overflow float16 (NaN softmax); bfloat16 "
+         "rounds logits to 8 bits. Value einsum stays in the compute dtype; subclasses that keep "
+         "the stock method (keras-hub) get it too"),
+    Rule(SCORES_EINSUM_OP, "attention", "float32", "float32", BOTH, "keras_amp", (EINSUM, EINSUM_SPEC),
+         "layers that compute QK^T themselves (keras-hub Llama, Mistral, Mixtral, Qwen*, SmolLM3, "
+         "GPT-OSS attention; not MultiHeadAttention, covered above): the einsum whose equation is "
+         "the innermost calling layer's `_dot_product_equation`, on two 16-bit operands, computes "
+         "in float32 (gradient matmuls in the compute dtype). Output float32: a cast back would "
+         "keep float16's overflow. In those keras-hub 0.32 layers the scale, mask and softmax "
+         "follow (float32 by promotion / a float32 Softmax layer) and the probabilities are cast "
+         "to the compute dtype before the value einsum: no other matmul changes dtype"),
+    Rule("batch_normalization", "normalization", "float32", "input dtype", BOTH, "keras_amp",
+         (f"{TF_NN}.batch_normalization",),
+         "x*inv - mean*inv cancels catastrophically in 16 bits when |mean| >> std; float32 "
+         "statistics with 16-bit x are accepted (stock raises on mixed dtypes)"),
+    Rule("normalize", "normalization", "float32", "input dtype", BOTH, "keras_amp",
+         ("keras.src.ops.nn._normalize",),
+         "the sum of squares overflows float16 (|x| ~ 300 over 64 entries): stock returns zeros"),
+    Rule("std", "reduction", "float32", "input dtype", FLOAT16, "keras_amp", ("keras.src.backend.tensorflow.numpy.std",),
+         "squared deviations overflow float16; Keras upcasts var but not std"),
+    Rule("gelu", "exp", "float32", "input dtype", FLOAT16, "keras_amp", (f"{TF_NN}.gelu",),
+         "the tanh approximation evaluates x**3 (Pow): its gradient 3x**2 overflows float16 past "
+         "|x| = 256 and stock's gradient is NaN (inf * 0); bfloat16 has the range"),
+    Rule("categorical_crossentropy", "loss", "float32", "float32", BOTH, "keras_amp",
+         (f"{TF_NN}.categorical_crossentropy", "keras.src.ops.nn.CategoricalCrossentropy.compute_output_spec"),
+         "a loss is reduced, scaled and logged in float32; 16-bit results round to 8-11 bits"),
+    Rule("sparse_categorical_crossentropy", "loss", "float32", "float32", BOTH, "keras_amp",
+         (f"{TF_NN}.sparse_categorical_crossentropy",
+          "keras.src.ops.nn.SparseCategoricalCrossentropy.compute_output_spec"),
+         "as categorical_crossentropy"),
+    Rule("binary_crossentropy", "loss", "float32", "float32", BOTH, "keras_amp",
+         (f"{TF_NN}.binary_crossentropy", "keras.src.ops.nn.BinaryCrossentropy.compute_output_spec"),
+         "small per-element losses (< 6e-8) flush to 0 in float16"),
+    Rule("moments", "normalization", "float32", "input dtype", BOTH, "keras", (),
+         "Keras casts 16-bit inputs to float32 (its float16 variance is clipped at 65504)"),
+    Rule("layer_normalization, rms_normalization", "normalization", "float32", "input dtype", BOTH, "keras", (),
+         "Keras computes them in at least float32"),
+    Rule("mean, var", "reduction", "float32", "input dtype", FLOAT16, "keras", (),
+         "Keras reduces in float32 and casts back"),
+    Rule("ctc_loss; keras.losses.* classes", "loss", "float32", "float32", BOTH, "keras", (),
+         "Keras casts to float32 (a Loss casts y_pred to its float32 dtype)"),
+    Rule("sum", "reduction", "compute dtype", "input dtype", FLOAT16, "none", (),
+         "TF accumulates 16-bit sums in float32; the hazard is a result above 65504, which a "
+         "cast back cannot fix and a float32 result would change the op's dtype contract"),
+    Rule("exp, expm1", "exp", "compute dtype", "input dtype", FLOAT16, "none", (),
+         "TF evaluates them in float32 and rounds once; exp(x > 11.09) overflows the float16 "
+         "result itself, so the fix is a float32 layer (the audit names it)"),
+    Rule("log, log1p, softplus, log_sigmoid", "", "compute dtype", "input dtype", (), "none", (),
+         "the result fits the input's range and TF's kernels round once (measured <= 1 ulp)"),
+    Rule("add, multiply, matmul, einsum, ... (mixed inputs)", "", "widest input", "widest", (), "keras", (),
+         "Keras promotes float16 + float32 to float32; the next layer casts back to its compute dtype"),
+)
+
+# sha256 of inspect.getsource(original)[:16] (tests/keras_guard.py::source_digest), Keras 3.15.1.
+# `MultiHeadAttention.call` is not replaced but relied on: it passes `use_causal_mask` only
+# when `type(self)._compute_attention is MultiHeadAttention._compute_attention`.
+ORIGINAL_DIGESTS = {
+    f"{TF_NN}.softmax": "db2c578ff3a26c2e",
+    f"{TF_NN}.log_softmax": "7877ebb97ae1ce8f",
+    "keras.src.backend.tensorflow.math.logsumexp": "715367831b0891ce",
+    "keras.layers.MultiHeadAttention._compute_attention": "88168a1a82dd0d31",
+    "keras.layers.MultiHeadAttention.call": "fd666cb2fe09b101",
+    f"{TF_NN}.batch_normalization": "1cc80ed9bad6ea79",
+    "keras.src.ops.nn._normalize": "6d45ce2adc62638f",
+    "keras.src.backend.tensorflow.numpy.std": "06356e76fd7e60f7",
+    f"{TF_NN}.gelu": "edb8d0940a01c8d5",
+    f"{TF_NN}.categorical_crossentropy": "a2cb8f1dacc6a411",
+    "keras.src.ops.nn.CategoricalCrossentropy.compute_output_spec": "c729e7e6cb6f7d01",
+    f"{TF_NN}.sparse_categorical_crossentropy": "8dd1e34615666cea",
+    "keras.src.ops.nn.SparseCategoricalCrossentropy.compute_output_spec": "1d2704fea7e2f6f6",
+    f"{TF_NN}.binary_crossentropy": "3fb0e94214714db1",
+    "keras.src.ops.nn.BinaryCrossentropy.compute_output_spec": "4dd48a4bb5ef1272",
+    EINSUM: "9eb60d0ed811e577",
+    EINSUM_SPEC: "c3b23b632d2aafaa",
+    # Relied on by the scores-einsum rule: `Layer.__call__` calls `call` inside
+    # `_open_name_scope()`, which enters `backend.name_scope(self.name, caller=self)`; the
+    # TensorFlow backend's name_scope (and its common base) push the entry, `.caller` included,
+    # onto the global "name_scope_stack" and pop it on exit.
+    "keras.layers.Layer.__call__": "4fb7e42e4ffd9b1a",
+    "keras.layers.Layer._open_name_scope": "9197bac9543ef95a",
+    "keras.src.backend.tensorflow.core.name_scope": "bff9a1de6e491b0d",
+    "keras.src.backend.common.name_scope.name_scope": "957dcd2ff7532ae8",
+}
+_NAME_SCOPE_STACK = (
+    "keras.layers.Layer.__call__",
+    "keras.layers.Layer._open_name_scope",
+    "keras.src.backend.tensorflow.core.name_scope",
+    "keras.src.backend.common.name_scope.name_scope",
+)
+RELIED_ON = {
+    "keras.layers.MultiHeadAttention._compute_attention": ("keras.layers.MultiHeadAttention.call",),
+    EINSUM: _NAME_SCOPE_STACK,
+    EINSUM_SPEC: _NAME_SCOPE_STACK,
+}
+
+# What no op-level rule reaches (README "what op-level rules cannot reach").
+NOT_REACHED = (
+    "raw `tf.*` calls (`tf.nn.softmax`, `tf.exp`, ...): they bypass Keras's backend functions; "
+    "`keras_amp.diagnostics.audit_model` still sees them and names the layer",
+    "fused kernels that take the whole computation: `ops.dot_product_attention` / flash attention "
+    "(QK^T in the compute dtype; MultiHeadAttention is covered by its own rule unless "
+    "`flash_attention=True`), fused RNN kernels",
+    "attention layers that compute QK^T themselves, other than as `einsum(self._dot_product_equation, "
+    "q, k)` in a layer that is not a MultiHeadAttention: a literal equation or another attribute name "
+    "(keras-hub Gemma, Falcon, GPT-NeoX), `matmul`, a helper layer or function doing the einsum "
+    "(the caller on the name-scope stack is then not the attention layer), and MultiHeadAttention "
+    "subclasses that override `_compute_attention`; their softmax, if it goes through "
+    "`keras.ops.softmax` or a Keras Softmax layer, is still float32, their QK^T is not",
+    "LSTM/GRU gate and state precision: the recurrence runs in the cell's compute dtype "
+    "(`keras_amp.layers.LSTM` / `GRU` keep it float32)",
+    "code that casts for itself: a rule sees the dtype it is given, so a value already rounded "
+    "(or overflowed) to 16 bits before the op stays rounded; a float32 input stays float32",
+    "results whose range is the hazard (exp(x > 11.09), a sum above 65504 in float16): the "
+    "output dtype contract is kept, so these need a float32 layer (`apply_recipe` rules)",
+    "gradient reductions TensorFlow's autodiff inserts (broadcast `Sum`s) in the compute dtype; "
+    "the loss-scale optimizer skips a step whose gradients overflow",
+)
+
+
+def rules_markdown() -> str:
+    """`RULES` (and what they cannot reach) as a markdown table, for README and BUILD_NOTES."""
+    lines = [
+        "| op | kind | runs in | output | hazard in | applied by | reason |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in RULES:
+        cells = (r.op, r.kind or "-", r.runs_in, r.output, ", ".join(r.dtypes) or "-", r.by, r.reason)
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    lines += ["", "Op-level rules cannot reach:", ""] + [f"- {item}" for item in NOT_REACHED]
+    return "\n".join(lines)
+
