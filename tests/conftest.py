@@ -1,4 +1,5 @@
-"""Every test leaves the globals as it found them: dtype policy, TF32, keras_amp state, Keras session."""
+"""Every test leaves the globals as it found them: dtype policy, TF32, keras_amp state and op rules,
+Keras session."""
 
 import os
 
@@ -9,6 +10,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_amp  # noqa: E402
+from keras_amp import op_rules  # noqa: E402
 from keras_amp import policy as amp_policy  # noqa: E402
 
 
@@ -19,6 +21,7 @@ def restore_globals():
     yield
     keras_amp.disable()
     assert amp_policy.config() is None
+    op_rules.uninstall()  # a test may install rules directly, without enable()
     keras.config.set_dtype_policy(saved_policy)
     tf.config.experimental.enable_tensor_float_32_execution(saved_tf32)
     keras.backend.clear_session()

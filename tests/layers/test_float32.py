@@ -7,7 +7,7 @@ import tensorflow as tf
 from keras import ops
 
 from keras_amp.layers import Float32
-from tests.layers.conftest import MIXED, np64, u
+from tests.helpers import MIXED, np64, u
 
 
 class UserNorm(keras.layers.Layer):

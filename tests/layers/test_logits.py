@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from keras_amp.layers.logits import Logits, float32_logits
-from tests.layers.conftest import MIXED, compute_dtype, np64, u
+from tests.helpers import MIXED, compute_dtype, np64, u
 
 
 def _rounded(x, dtype):

@@ -11,7 +11,7 @@ from keras_amp.layers import (
     LayerNormalization,
     RMSNormalization,
 )
-from tests.layers.conftest import MIXED, np64, u
+from tests.helpers import MIXED, np64, u
 
 EPS = 1e-3
 

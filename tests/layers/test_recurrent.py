@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from keras_amp.layers import GRU, LSTM
-from tests.layers.conftest import MIXED, np64, sigmoid, u
+from tests.helpers import MIXED, np64, sigmoid, u
 
 UNITS = 4
 T = 150

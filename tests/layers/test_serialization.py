@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from keras_amp import layers as amp_layers
-from tests.layers.conftest import np64, u
+from tests.helpers import np64, u
 
 SEQ = (2, 6, 8)
 

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from keras_amp.layers import Softmax
-from tests.layers.conftest import MIXED, np64, softmax
+from tests.helpers import MIXED, np64, softmax
 
 
 def _logits():
