@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 import keras
 
 from keras_amp import policy as amp_policy
+from keras_amp import validation
 
 # Every Keras convolution class: heavy layers, and the "cnn" recipe's convolutions.
 CONV_LAYERS = (
@@ -111,6 +112,7 @@ def children(layer: Any, *, operations: bool = False) -> list:
     (`x + y`, `ops.softmax(x)` applied to symbolic tensors: `keras.Operation`s, not layers)
     are included at their place in the graph.
     """
+    operations = validation.check_bool("operations", operations)
     if isinstance(layer, keras.Sequential):
         found = list(layer.layers)
     elif is_graph(layer):
@@ -146,6 +148,14 @@ def walk(
         >>> for path, layer in keras_amp.model_graph.walk(model):
         ...     print(path, layer.compute_dtype)
     """
+    # Checked here, not at the first next(): a generator function would defer the error.
+    operations = validation.check_bool("operations", operations)
+    if into is not None:
+        validation.check_callable("into", into)
+    return _walk(model, operations, into)
+
+
+def _walk(model: Any, operations: bool, into: Callable[[Any], bool] | None) -> Iterator[tuple[str, Any]]:
     seen: set[int] = set()
 
     def visit(parent, prefix):
@@ -163,6 +173,8 @@ def walk(
 
 def leaves(model: Any, *, into: Callable[[Any], bool] | None = None) -> list[tuple[str, Any]]:
     """`(path, layer)` for the layers under `model` with no sublayers (or not descended into)."""
+    if into is not None:
+        validation.check_callable("into", into)
     return [
         (path, layer) for path, layer in walk(model, into=into)
         if not (into is None or into(layer)) or not children(layer)
@@ -238,6 +250,8 @@ def boundary(model: keras.Model, *, first: bool) -> set[int]:
     For a subclassed `model`, whose call order Keras does not record, the attribute order of its
     weighted leaves stands in.
     """
+    validation.check_type("model", model, keras.Model, "a keras.Model")
+    first = validation.check_bool("first", first)
     found: set[int] = set()
     if not is_graph(model):
         weighted = [layer for _, layer in leaves(model) if layer.weights]
@@ -287,6 +301,7 @@ def is_stale(model: Any) -> bool:
 
 def warn_if_built_before_enable(model: Any, *, caller: str = "keras_amp") -> bool:
     """Warns (an `AmpWarning`) and returns True when `is_stale(model)`."""
+    validation.check_type("caller", caller, str, "a string")
     if not is_stale(model):
         return False
     config = amp_policy.config()

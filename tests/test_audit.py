@@ -195,13 +195,3 @@ def test_backward_ops_made_outside_the_gradient_scope_are_backward():
     assert sums and not any(r.op_name.startswith("gradient_tape/") for r in sums)  # guard
     assert {r.phase for r in sums} == {"backward"}
     assert not [r for r in report.low_precision() if r.category == "reduction"]
-
-
-def test_arguments_are_checked():
-    model, x = functional()
-    with pytest.raises(TypeError, match="`model` must be a keras.Model"):
-        audit.audit_model(keras.layers.Dense(2), x)
-    with pytest.raises(TypeError, match="`training` must be True or False"):
-        audit.audit_model(model, x, training=1)
-    with pytest.raises(TypeError, match="`backward` must be True or False"):
-        audit.audit_model(model, x, backward="yes")

@@ -119,12 +119,6 @@ def test_records_in_logs_and_tensorboard(tmp_path, caplog):
     assert {int(left): int(n) for left, _, n in buckets} == {int(e): n for e, n in head["exponent_histogram"].items()}
 
 
-def test_no_work_between_firings_and_bad_arguments():
+def test_no_work_between_firings():
     stats = _fit("mixed_float16", 1.0)
     assert len(stats.records) == 2  # 4 steps, every 2
-    with pytest.raises(TypeError, match="probe"):
-        GradientStatistics([1, 2])
-    with pytest.raises(ValueError, match="every_n_steps"):
-        GradientStatistics((np.zeros((1, 8)),), every_n_steps=0)
-    with pytest.raises(ValueError, match="threshold"):
-        GradientStatistics((np.zeros((1, 8)),), threshold=1.5)

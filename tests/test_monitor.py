@@ -252,16 +252,8 @@ def test_step_time_jump():
     assert "input pipeline" in " ".join(d.actions)
 
 
-def test_old_name_and_arguments():
+def test_check_every_is_the_old_name_of_log_every():
     assert LossScaleMonitor(check_every=7).log_every == 7
-    with pytest.raises(ValueError, match="on_nan"):
-        LossScaleMonitor(on_nan="raise")
-    with pytest.raises(TypeError, match="log_every"):
-        LossScaleMonitor(log_every="10")
-    with pytest.raises(ValueError, match="log_every"):
-        LossScaleMonitor(log_every=0)
-    with pytest.raises(TypeError, match="probe"):
-        LossScaleMonitor(probe=[1, 2])
 
 
 def test_decision_tree_is_one_table_for_every_printer():

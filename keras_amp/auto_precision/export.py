@@ -46,6 +46,7 @@ class InferenceExport:
 
 def weight_bytes(model: keras.Model) -> int:
     """Bytes held by the model's weights."""
+    validation.check_type("model", model, keras.Model, "a keras.Model")
     return sum(keras.ops.convert_to_numpy(w.value).nbytes for w in model.weights)
 
 

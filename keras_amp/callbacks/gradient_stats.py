@@ -60,6 +60,8 @@ class GradientStatistics(keras.callbacks.Callback):
             raise ValueError(f"`probe` must be (x,) or (x, y). Received: probe of length {len(probe)}")
         self.probe = probe
         self.every_n_steps = validation.check_int("every_n_steps", every_n_steps, min_value=1)
+        if loss is not None and not isinstance(loss, (str, dict)):
+            validation.check_callable("loss", loss)
         self.loss = loss
         self.threshold = validation.check_float("threshold", threshold, min_value=0.0, max_value=1.0,
                                                 min_inclusive=False)

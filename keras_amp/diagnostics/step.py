@@ -38,7 +38,15 @@ def current_loss_scale(model: keras.Model) -> float:
 def resolve_loss(model: keras.Model, y: Any, loss: Any) -> Callable:
     """`fn(x, y, y_pred) -> scalar loss` from `loss`, the compiled loss, or a label-free surrogate."""
     if loss is not None:
-        fn = keras.losses.get(loss) if isinstance(loss, (str, dict)) else loss
+        if isinstance(loss, (str, dict)):
+            try:
+                fn = keras.losses.get(loss)
+            except ValueError:
+                raise ValueError(
+                    f"Unknown `loss`. Received: loss={loss!r}. Allowed: a Keras loss name or a callable"
+                ) from None
+        else:
+            fn = loss
         validation.check_callable("loss", fn)
         if y is None:
             raise ValueError("`y` is needed with an explicit `loss`. Received: y=None, "

@@ -333,4 +333,7 @@ def launch(
 
 def python_argv(script: str, *args: str) -> list[str]:
     """`[sys.executable, script, *args]`: run a scenario with this interpreter."""
+    validation.check_type("script", script, (str, os.PathLike), "a path")
+    for i, arg in enumerate(args):
+        validation.check_type(f"args[{i}]", arg, str, "a string")
     return [sys.executable, script, *args]

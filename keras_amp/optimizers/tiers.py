@@ -49,6 +49,7 @@ def count_params(var_list: Iterable) -> int:
 
 def choose_tier(num_params: int) -> str:
     """The tier for a model with `num_params` trainable parameters."""
+    num_params = validation.check_int("num_params", num_params, min_value=0)
     if num_params < SMALL_MAX_PARAMS:
         return "small"
     if num_params <= LARGE_MIN_PARAMS:

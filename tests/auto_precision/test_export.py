@@ -107,17 +107,3 @@ def test_subclassed_model_needs_a_sample_and_then_exports():
             keras.ops.convert_to_numpy(keras.ops.cast(keras.ops.cast(a.value, "bfloat16"), "float32")),
             keras.ops.convert_to_numpy(keras.ops.cast(b.value, "float32")),
         )
-
-
-@pytest.mark.parametrize(
-    "kwargs, error, name",
-    [({"dtype": "float32"}, ValueError, "dtype"), ({"dtype": 16}, TypeError, "dtype"),
-     ({"keep_float32": "d1"}, TypeError, "keep_float32")],
-    ids=["float32", "int", "string-keep"],
-)
-def test_bad_arguments(kwargs, error, name):
-    model = sensitive_model("mixed_bfloat16")
-    with pytest.raises(error, match=f"`{name}`"):
-        export_for_inference(model, **kwargs)
-    with pytest.raises(TypeError, match="`model`"):
-        export_for_inference("model")

@@ -86,20 +86,3 @@ def test_unknown_layer_fails_loudly():
     with pytest.raises(ValueError, match="names no layer"):
         model.fit(X, Y, batch_size=16, epochs=1, verbose=0,
                   callbacks=[ProgressivePrecision({0: ["no_such_layer"]})])
-
-
-@pytest.mark.parametrize(
-    "args, kwargs, error, name",
-    [
-        (({0: ["d1"]},), {"unit": "batch"}, ValueError, "unit"),
-        (({},), {}, ValueError, "schedule"),
-        ((["d1"],), {}, TypeError, "schedule"),
-        (({-1: ["d1"]},), {}, ValueError, "schedule key"),
-        (({0: "d1"},), {}, TypeError, "schedule"),
-        (({0: ["("]},), {}, ValueError, "schedule"),
-    ],
-    ids=["unit", "empty", "not-mapping", "negative", "string-value", "bad-regex"],
-)
-def test_bad_arguments(args, kwargs, error, name):
-    with pytest.raises(error, match=f"`{name}"):
-        ProgressivePrecision(*args, **kwargs)

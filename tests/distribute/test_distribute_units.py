@@ -1,5 +1,6 @@
 """In-process tests of keras_amp.distribute's data helpers, strategies' argument checks and the
-local-cluster tool (no cluster needed), with the table of bad inputs for the distribute API."""
+local-cluster tool (no cluster needed). The bad-argument rows of the distribute API are in
+tests/test_bad_input.py."""
 
 import json
 import math
@@ -28,89 +29,6 @@ class _Replicas(tf.distribute.OneDeviceStrategy):
 
 _DEFAULT = tf.distribute.get_strategy()
 _DS = tf.data.Dataset.range(8)
-
-# (callable, kwargs, exception, argument named in the message): the distribute rows of the
-# central bad-input table (tests/test_bad_input.py).
-BAD_INPUTS = [
-    (keras_amp.distribute.multi_worker, {"timeout_seconds": math.nan}, ValueError, "timeout_seconds"),
-    (keras_amp.distribute.multi_worker, {"timeout_seconds": True}, TypeError, "timeout_seconds"),
-    (keras_amp.distribute.multi_worker, {"timeout_seconds": "10"}, TypeError, "timeout_seconds"),
-    (keras_amp.distribute.multi_worker, {"timeout_seconds": 0}, ValueError, "timeout_seconds"),
-    (keras_amp.distribute.multi_worker, {"implementation": ["ring"]}, TypeError, "implementation"),
-    (keras_amp.distribute.multi_worker, {"implementation": "gloo"}, ValueError, "implementation"),
-    (keras_amp.distribute.multi_worker, {"cluster_resolver": "x"}, TypeError, "cluster_resolver"),
-    (keras_amp.distribute.multi_worker, {"verify_at_fit": "no"}, TypeError, "verify_at_fit"),  # removed
-    (keras_amp.distribute.mirrored, {"devices": "/cpu:0"}, TypeError, "devices"),
-    (keras_amp.distribute.mirrored, {"devices": [0]}, TypeError, "devices"),
-    (keras_amp.distribute.mirrored, {"cross_device_ops": "nccl"}, TypeError, "cross_device_ops"),
-    (keras_amp.distribute.verify, {"strategy": "mirrored"}, TypeError, "strategy"),
-    (keras_amp.distribute.verify, {"strategy": _DEFAULT, "timeout_seconds": math.nan}, ValueError, "timeout_seconds"),
-    (keras_amp.distribute.verify, {"strategy": _DEFAULT, "timeout_seconds": True}, TypeError, "timeout_seconds"),
-    (keras_amp.distribute.verify, {"strategy": _DEFAULT, "timeout_seconds": "10"}, TypeError, "timeout_seconds"),
-    (keras_amp.distribute.verify, {"strategy": _DEFAULT, "model": "x"}, TypeError, "model"),
-    (keras_amp.distribute.verify, {"strategy": _DEFAULT, "model": _DS}, TypeError, "model"),
-    (keras_amp.distribute.verify, {"strategy": _DEFAULT, "optimizer": "x"}, TypeError, "optimizer"),
-    (keras_amp.distribute.VerifyPrecision, {"timeout_seconds": "10"}, TypeError, "timeout_seconds"),
-    (keras_amp.distribute.VerifyPrecision, {"timeout_seconds": -1}, ValueError, "timeout_seconds"),
-    (keras_amp.distribute.global_batch_size, {"per_replica_batch_size": 8, "strategy": "x"}, TypeError, "strategy"),
-    (keras_amp.distribute.global_batch_size, {"per_replica_batch_size": 8.0, "strategy": _DEFAULT}, TypeError,
-     "per_replica_batch_size"),
-    (keras_amp.distribute.global_batch_size, {"per_replica_batch_size": True, "strategy": _DEFAULT}, TypeError,
-     "per_replica_batch_size"),
-    (keras_amp.distribute.global_batch_size, {"per_replica_batch_size": 0, "strategy": _DEFAULT}, ValueError,
-     "per_replica_batch_size"),
-    (keras_amp.distribute.per_replica_batch_size, {"global_batch_size": 16, "strategy": object()}, TypeError,
-     "strategy"),
-    (keras_amp.distribute.per_replica_batch_size, {"global_batch_size": "16", "strategy": _DEFAULT}, TypeError,
-     "global_batch_size"),
-    (keras_amp.distribute.prepare, {"dataset": "x", "strategy": _DEFAULT, "per_replica_batch_size": 2}, TypeError,
-     "dataset"),
-    (keras_amp.distribute.prepare, {"dataset": [1, 2], "strategy": _DEFAULT, "per_replica_batch_size": 2}, TypeError,
-     "dataset"),
-    (keras_amp.distribute.prepare, {"dataset": np.zeros(4), "strategy": _DEFAULT, "per_replica_batch_size": 2},
-     TypeError, "dataset"),
-    (keras_amp.distribute.prepare, {"dataset": _DS, "strategy": "x", "per_replica_batch_size": 2}, TypeError,
-     "strategy"),
-    (keras_amp.distribute.prepare, {"dataset": _DS, "strategy": _DEFAULT, "per_replica_batch_size": 0}, ValueError,
-     "per_replica_batch_size"),
-    (keras_amp.distribute.prepare, {"dataset": _DS, "strategy": _DEFAULT, "per_replica_batch_size": 2,
-                                    "shard": ["data"]}, TypeError, "shard"),
-    (keras_amp.distribute.prepare, {"dataset": _DS, "strategy": _DEFAULT, "per_replica_batch_size": 2,
-                                    "shard": "rows"}, ValueError, "shard"),
-    (keras_amp.distribute.prepare, {"dataset": _DS.batch(4), "strategy": _DEFAULT, "per_replica_batch_size": 2},
-     ValueError, "dataset"),
-    (keras_amp.distribute.with_auto_shard_policy, {"dataset": _DS, "policy": ["data"]}, TypeError, "policy"),
-    (keras_amp.distribute.with_auto_shard_policy, {"dataset": "x", "policy": "data"}, TypeError, "dataset"),
-    (keras_amp.distribute.auto_shard_policy, {"dataset": None}, TypeError, "dataset"),
-    (local_cluster.free_ports, {"count": 100000}, ValueError, "count"),
-    (local_cluster.free_ports, {"count": "2"}, TypeError, "count"),
-    (local_cluster.configure_logical_cpus, {"count": 0}, ValueError, "count"),
-    (local_cluster.configure_logical_cpus, {"count": 2.0}, TypeError, "count"),
-    (local_cluster.tf_config, {"ports": [1111], "index": 1}, ValueError, "index"),
-    (local_cluster.tf_config, {"ports": 1111, "index": 0}, TypeError, "ports"),
-    (local_cluster.launch, {"argv": "python train.py", "timeout": 10}, TypeError, "argv"),
-    (local_cluster.launch, {"argv": [sys.executable], "timeout": math.nan}, ValueError, "timeout"),
-    (local_cluster.launch, {"argv": [sys.executable], "num_workers": 0, "timeout": 10}, ValueError, "num_workers"),
-    (local_cluster.launch, {"argv": [sys.executable], "timeout": 10, "env": {"A": 1}}, TypeError, "env"),
-    (local_cluster.LocalCluster, {"argv": [], "num_workers": 2}, ValueError, "argv"),
-]
-
-
-def _case_id(row):
-    fn, kwargs, error, name = row
-    value = kwargs.get(name)
-    shown = repr(value) if isinstance(value, (str, int, float, list, dict, type(None))) else type(value).__name__
-    return f"{fn.__name__}-{name}={shown}"[:60]
-
-
-@pytest.mark.parametrize("fn, kwargs, error, name", BAD_INPUTS, ids=[_case_id(r) for r in BAD_INPUTS])
-def test_bad_input_raises_naming_the_argument(fn, kwargs, error, name):
-    with pytest.raises(error) as info:
-        fn(**kwargs)
-    assert name in str(info.value), str(info.value)
-    if name != "verify_at_fit":  # Python's own "unexpected keyword" message for the removed argument
-        assert "Received" in str(info.value), str(info.value)
-
 
 @pytest.mark.parametrize(
     "text, part",
