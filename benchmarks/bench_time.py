@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> dict:
     keras_amp.disable()
     keras.config.set_dtype_policy("float32")
     names = list(models)
+    extra = {name: workloads.training_callbacks(name, data) for name in names}
     blocks: list[dict[str, float]] = []
     cpu_blocks: list[dict[str, float]] = []
     for block in range(args.blocks):
@@ -90,7 +91,8 @@ def run(args: argparse.Namespace) -> dict:
         for name in order:
             timer = BatchTimer()
             models[name].fit(
-                data, steps_per_epoch=args.steps + 1, epochs=1, verbose=0, shuffle=False, callbacks=[timer]
+                data, steps_per_epoch=args.steps + 1, epochs=1, verbose=0, shuffle=False,
+                callbacks=[timer, *extra[name]]
             )
             medians[name] = statistics.median(timer.times)
             cpu[name] = statistics.median(timer.cpu_times)

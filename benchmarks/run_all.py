@@ -214,9 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: only checks that it runs")
     parser.add_argument("--workloads", nargs="+", choices=workloads.WORKLOADS, default=list(workloads.WORKLOADS))
     parser.add_argument("--policies", nargs="+", choices=sorted(workloads.POLICY), help="default: by hardware")
-    parser.add_argument("--variants", nargs="*", default=[],
+    parser.add_argument("--variants", nargs="*", default=None,
                         help="extra configurations (time only), e.g. amp_bf16+head32, or lstm:amp_bf16+amplstm "
-                             "for one workload")
+                             "for one workload; default: the CNN with keras_amp's GradientStatistics attached "
+                             "and idle (its cost when it does not fire)")
     parser.add_argument("--memory-variants", action="store_true", help="measure the variants' memory too")
     parser.add_argument("--jit", choices=("auto", "true", "false"), default="auto")
     parser.add_argument("--blocks", type=int, help="override the mode's number of blocks")
@@ -232,8 +233,12 @@ def main(argv: list[str] | None = None) -> int:
     m["blocks"] = args.blocks or m["blocks"]
     m["steps"] = args.steps or m["steps"]
     MODES[mode] = m
+    load_start = _load()
+    device = _device()
+    policies = tuple(args.policies) if args.policies else default_policies(device)
+    specs = args.variants if args.variants is not None else [f"cnn:amp_{policies[0]}+gradstats"]
     variants: dict[str, list[str]] = {w: [] for w in args.workloads}
-    for spec in args.variants:
+    for spec in specs:
         workload, _, name = spec.rpartition(":")
         workloads.parse_config(name)
         if workload and workload not in workloads.WORKLOADS:
@@ -241,9 +246,6 @@ def main(argv: list[str] | None = None) -> int:
         for w in [workload] if workload else args.workloads:
             if w in variants and name not in variants[w]:
                 variants[w].append(name)
-    load_start = _load()
-    device = _device()
-    policies = tuple(args.policies) if args.policies else default_policies(device)
     configs = workloads.config_names(policies)
     smoke = ["--smoke"] if args.smoke else []
     timeout = 3600 if mode == "full" else 900

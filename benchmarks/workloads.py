@@ -173,6 +173,23 @@ def parse_config(name: str) -> tuple[str, str | None, str | None]:
     return kind, POLICY[p], variant or None
 
 
+# "+gradstats" / "+monitor": the same model trained with keras_amp's GradientStatistics (idle: it
+# never fires during the timed steps) or LossScaleMonitor attached, for their cost when idle.
+TRAINING_CALLBACKS = ("gradstats", "monitor")
+
+
+def training_callbacks(name: str, data) -> list[keras.callbacks.Callback]:
+    """The keras_amp callbacks a configuration's "+gradstats"/"+monitor" tokens ask for."""
+    tokens = name.split("+")[1:]
+    found = []
+    if "gradstats" in tokens:
+        x, y = next(iter(data))
+        found.append(keras_amp.callbacks.GradientStatistics((x, y), every_n_steps=10**9))
+    if "monitor" in tokens:
+        found.append(keras_amp.callbacks.LossScaleMonitor(log_every=10**9))
+    return found
+
+
 def build(workload: str, name: str, s: Sizes, jit_compile="auto") -> keras.Model:
     """Builds and compiles configuration `name` of `workload`; leaves keras_amp enabled for amp_*.
 
@@ -184,6 +201,9 @@ def build(workload: str, name: str, s: Sizes, jit_compile="auto") -> keras.Model
     if "jit" in tokens:  # "+jit": this configuration with compile(jit_compile=True) (XLA)
         tokens.remove("jit")
         jit_compile = True
+    for token in TRAINING_CALLBACKS:  # callbacks attached by bench_time, not part of the model
+        if token in tokens:
+            tokens.remove(token)
     if tokens and kind != "amp":
         raise ValueError(f"Only amp_* configurations take variants other than +jit. Received: name={name!r}")
     keras_amp.disable()

@@ -499,7 +499,10 @@ BAD = [
     ("OutputHead", "activation", "bogus", ValueError),
     ("OutputHead", "activation", 3, TypeError),
     ("OutputHead", "dtype", "mixed_float16", ValueError),
-    ("Logits", "units", 0, ValueError),  # stock Dense's own check
+    ("Logits", "units", 0, ValueError),
+    ("Logits", "units", "3", TypeError),
+    ("Logits", "activation", "bogus", ValueError),
+    ("Logits", "activation", 3, TypeError),
     # callbacks
     ("LossScaleMonitor", "log_every", "10", TypeError),
     ("LossScaleMonitor", "log_every", 0, ValueError),

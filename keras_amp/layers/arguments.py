@@ -14,6 +14,8 @@ import inspect
 import numbers
 from typing import Any, Callable
 
+import keras
+
 from keras_amp import validation
 
 
@@ -54,6 +56,19 @@ def check_fraction(name: str, value: Any) -> float:
 
 def check_positive_int(name: str, value: Any) -> int:
     return validation.check_int(name, value, min_value=1)
+
+
+def check_activation(name: str, value: Any) -> Any:
+    """None, a Keras activation name, or a callable (checked now, not at the first call)."""
+    if isinstance(value, str):
+        try:
+            keras.activations.get(value)
+        except ValueError:
+            raise ValueError(f"Unknown `{name}`. Received: {name}={value!r}. "
+                             "Allowed: a Keras activation name, a callable or None") from None
+    elif value is not None:
+        validation.check_callable(name, value)
+    return value
 
 
 class CheckedArguments:

@@ -19,6 +19,8 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from keras_amp import validation
+from keras_amp.layers import arguments
 from keras_amp.layers.float32 import float32_value
 
 # Keras version the `call` override below was written against.
@@ -85,6 +87,11 @@ class Logits(keras.layers.Dense):
     >>> head(np.ones((2, 8, 64))).dtype
     tf.float32
     """
+
+    def __init__(self, units, activation=None, **kwargs):
+        # Checked here, where stock Dense checks only at build (units) or names no argument.
+        units = validation.check_int("units", units, min_value=1)
+        super().__init__(units, activation=arguments.check_activation("activation", activation), **kwargs)
 
     def _float32_output(self):
         return (

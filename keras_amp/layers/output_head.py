@@ -3,6 +3,7 @@
 import keras
 
 from keras_amp import model_graph, validation
+from keras_amp.layers import arguments
 
 
 @keras.saving.register_keras_serializable(package="keras_amp")
@@ -34,14 +35,7 @@ class OutputHead(model_graph.Float32Island, keras.layers.Dense):
 
     def __init__(self, units, activation=None, **kwargs):
         units = validation.check_int("units", units, min_value=1)
-        if isinstance(activation, str):
-            try:
-                keras.activations.get(activation)
-            except ValueError:
-                raise ValueError(f"Unknown `activation`. Received: activation={activation!r}. "
-                                 "Allowed: a Keras activation name, a callable or None") from None
-        elif activation is not None:
-            validation.check_callable("activation", activation)
+        arguments.check_activation("activation", activation)
         dtype = kwargs.pop("dtype", None)
         if dtype is None:
             dtype = "float32"
