@@ -26,22 +26,11 @@ import numpy as np  # noqa: E402
 import keras_amp  # noqa: E402
 from common import data as data_lib  # noqa: E402
 from common import models  # noqa: E402
-from keras_amp.auto_precision import _policies, search_precision  # noqa: E402
+from bench_time import BatchTimer  # noqa: E402
+from keras_amp.auto_precision import search_precision  # noqa: E402
 
 POLICY = "mixed_bfloat16"
 RECIPES = {"transformer": "transformer", "cnn": "cnn"}
-
-
-class _Times(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.times = []
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self._t = time.perf_counter()
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.times.append(time.perf_counter() - self._t)
 
 
 def _float32_count(model) -> int:
@@ -76,7 +65,7 @@ def run(family: str, steps: int, width: int, depth: int, seq_len: int, batch: in
     f32.set_weights(init)
 
     batches = list(data.train.take(steps).as_numpy_iterator())
-    times = {"recipe": _Times(), "searched": _Times()}
+    times = {"recipe": BatchTimer(), "searched": BatchTimer()}
     block = max(steps // 6, 1)
     for i in range(0, steps, block):  # interleave the two timed models in blocks
         chunk = batches[i:i + block]

@@ -48,3 +48,36 @@ def test_suite_prints_the_table(tmp_path):
     assert "Targets" in out and "loss scaling keras_amp/stock" in out
     assert (tmp_path / "raw.json").exists()
     assert notes.read_bytes() == before  # appended only with --append-notes
+
+
+@pytest.mark.slow
+def test_default_suite_includes_the_idle_gradient_statistics_variant():
+    import run_all  # noqa: PLC0415  (benchmarks/ is on sys.path above)
+
+    captured = {}
+    real = run_all._child
+
+    def fake_child(script, args, timeout):
+        captured.setdefault(script, []).append(args)
+        return None  # no measurement: only which configurations would run
+
+    run_all._child = fake_child
+    try:
+        run_all.main(["--smoke", "--workloads", "cnn", "--no-memory", "--no-loss-scale"])
+    except SystemExit:
+        pass
+    finally:
+        run_all._child = real
+    assert any("amp_bf16+gradstats" in a for calls in captured.values() for args in calls for a in args), captured
+
+
+@pytest.mark.slow
+def test_search_figures_script_prints_its_table():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_search.py"), "--quick"],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [line.split() for line in proc.stdout.splitlines()]
+    rows = {row[0]: row for row in lines if row and row[0] in ("transformer", "cnn")}
+    assert set(rows) == {"transformer", "cnn"}, proc.stdout
+    assert all(float(row[1]) > 0 for row in rows.values())  # the search took measurable time
