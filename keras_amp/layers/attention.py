@@ -204,8 +204,6 @@ class MultiHeadAttention(model_graph.Float32Island, arguments.CheckedArguments, 
 
     STOCK = keras.layers.MultiHeadAttention
     ARGUMENT_CHECKS = {
-        "num_heads": arguments.check_positive_int,
-        "key_dim": arguments.check_positive_int,
         "dropout": arguments.check_rate,
         "use_bias": validation.check_bool,
         "attention_axes": arguments.check_optional_axis,

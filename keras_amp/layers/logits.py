@@ -19,7 +19,6 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from keras_amp import validation
 from keras_amp.layers import arguments
 from keras_amp.layers.float32 import float32_value
 
@@ -89,8 +88,8 @@ class Logits(keras.layers.Dense):
     """
 
     def __init__(self, units, activation=None, **kwargs):
-        # Checked here, where stock Dense checks only at build (units) or names no argument.
-        units = validation.check_int("units", units, min_value=1)
+        # `units` is stock Dense's own check (at construction, naming it); the activation is
+        # checked here, where stock's message names no argument.
         super().__init__(units, activation=arguments.check_activation("activation", activation), **kwargs)
 
     def _float32_output(self):
