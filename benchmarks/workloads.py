@@ -23,7 +23,9 @@ Transformer's and LSTM's vocabulary projection): `amp_bf16+head32` keeps it floa
 `keras_amp.layers.logits.Logits` (16-bit matmul, float32 accumulation and logits). LSTM only:
 `+amplstm` builds `keras_amp.layers.LSTM` (16-bit matmuls, float32 gates and cell state) instead
 of the stock LSTM, `+lstm16` rules the stock LSTMs into the compute dtype. Tokens combine:
-`amp_bf16+amplstm+logits`. Any configuration: `+jit` compiles it with XLA (`jit_compile=True`).
+`amp_bf16+amplstm+logits`. `+f32scores` enables keras_amp with `xla_scores=False` (attention
+QK^T as a float32 matmul instead of the XLA-compiled 16-bit one). Any configuration: `+jit`
+compiles it with XLA (`jit_compile=True`).
 """
 
 from __future__ import annotations
@@ -218,9 +220,11 @@ def build(workload: str, name: str, s: Sizes, jit_compile="auto") -> keras.Model
         if policy == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     else:
-        keras_amp.enable(policy)
+        keras_amp.enable(policy, xla_scores="f32scores" not in tokens)
         rules, kwargs = {}, {}
         for token in tokens:
+            if token == "f32scores":
+                continue
             if token == "head32":
                 rules[HEAD[workload]] = "float32"
             elif token == "head16":

@@ -45,6 +45,10 @@ class AmpConfig:
         device: String. One-line summary of the hardware the choice was made for.
         requested: String. What the caller asked for ("auto" or a policy name).
         reason: String. Why this policy was chosen.
+        xla_scores: Bool, default True. Whether float32 attention scores compute their QK^T
+            forward with an XLA-compiled 16-bit matmul with float32 accumulation (the 16-bit
+            matmul's speed) rather than a float32 matmul. The logits are the same; XLA's
+            compiler costs about 70 MiB of fixed process memory on a CPU.
     """
 
     policy: str
@@ -55,11 +59,12 @@ class AmpConfig:
     device: str
     requested: str
     reason: str
+    xla_scores: bool = True
 
     def __post_init__(self):
         for name in ("policy", "compute_dtype", "variable_dtype", "device", "requested", "reason"):
             validation.check_type(name, getattr(self, name), str, "a string")
-        for name in ("loss_scaling", "tf32"):
+        for name in ("loss_scaling", "tf32", "xla_scores"):
             object.__setattr__(self, name, validation.check_bool(name, getattr(self, name)))
         try:
             expected = keras.DTypePolicy(self.policy)
@@ -97,6 +102,7 @@ class AmpConfig:
             "variable_dtype": self.variable_dtype,
             "loss_scaling": str(self.loss_scaling),
             "tf32": str(self.tf32),
+            "xla_scores": str(self.xla_scores),
             "tensorflow": ".".join(tf.__version__.split(".")[:2]),
             "keras": ".".join(keras.__version__.split(".")[:2]),
         }
@@ -293,6 +299,7 @@ def enable(
     *,
     tf32: bool | None = None,
     device: hardware.DeviceInfo | None = None,
+    xla_scores: bool = True,
 ) -> AmpConfig:
     """Sets the global precision policy (and optionally TF32) before a model is built.
 
@@ -303,6 +310,12 @@ def enable(
             True/False enables/disables TensorFloat-32 execution.
         device: `hardware.DeviceInfo` or None. The hardware to decide for; None detects this
             machine's (tests and planning for another machine pass one).
+        xla_scores: Bool, default True. Float32 attention scores (MultiHeadAttention and the
+            QK^T rule, see `keras_amp.op_rules`) compute the QK^T forward as an XLA-compiled
+            16-bit matmul with float32 accumulation and result: exact float32 logits at the
+            16-bit matmul's speed. XLA's compiler adds about 70 MiB of fixed process memory on a
+            CPU (where Keras does not otherwise use XLA); False computes it as a float32 matmul
+            instead (same logits, slower: on a bfloat16 CPU about 5% of a Transformer step).
 
     Returns:
         The `AmpConfig` now in force. Calling `enable()` again replaces it; `disable()`
@@ -315,6 +328,7 @@ def enable(
     requested = _resolve_policy_arg(policy)
     if tf32 is not None:
         tf32 = validation.check_bool("tf32", tf32)
+    xla_scores = validation.check_bool("xla_scores", xla_scores)
     validation.check_type("device", device, (hardware.DeviceInfo, type(None)), "a keras_amp.hardware.DeviceInfo or None")
     # Everything that can fail runs before any global is written.
     device = device if device is not None else hardware.detect()
@@ -340,6 +354,7 @@ def enable(
             device=summary,
             requested=requested,
             reason=reason,
+            xla_scores=xla_scores,
         )
         _apply(new, name, tf32, saved)
     if warning:

@@ -145,6 +145,63 @@ def test_a_dense_head_softmax_is_not_taken_for_attention():
     assert [(r.category, r.layer_path) for r in low] == [("softmax", "probs")]
 
 
+@tf.function(jit_compile=True)
+def _compiled_scores(q, k):
+    return tf.einsum("btd,bsd->bts", q, k)
+
+
+@tf.function(jit_compile=True)
+def _compiled_matmul(x, kernel):
+    return tf.matmul(tf.cast(x, tf.float32), tf.cast(kernel, tf.float32))
+
+
+class CompiledScores(keras.layers.Layer):
+    """QK^T inside an XLA-compiled call (as keras_amp's float32 scores run), optionally 16-bit."""
+
+    def __init__(self, float32, **kwargs):
+        super().__init__(**kwargs)
+        self.float32 = float32
+
+    def call(self, x):
+        q = tf.cast(x, tf.float32) if self.float32 else x
+        return tf.nn.softmax(_compiled_scores(q, q))
+
+
+class CompiledHead(keras.layers.Dense):
+    """A Dense whose matmul runs in a compiled call: its weight is a call argument, not QK^T."""
+
+    def call(self, x):
+        return tf.nn.softmax(_compiled_matmul(x, keras.ops.cast(self.kernel, self.compute_dtype)))
+
+
+@pytest.mark.parametrize("float32", [True, False])
+def test_qk_inside_a_compiled_call_is_seen_in_the_dtype_its_body_computes(float32):
+    keras_amp.enable("mixed_bfloat16")
+    op_rules.uninstall()
+    inp = keras.Input((4, 8))
+    model = keras.Model(inp, CompiledScores(float32, name="scores")(inp))
+    report = audit.audit_model(model, np.ones((2, 4, 8), "float32"))
+    attention = [r for r in report.records if r.category == "attention"]
+    # The einsum inside the call body, named through the call and owned by the calling layer;
+    # its dtype is the body's (bfloat16 operands cast to float32 there) not the call's inputs.
+    assert [(r.op_type, r.layer_path, r.dtype) for r in attention] == [
+        ("Einsum", "scores", "float32" if float32 else "bfloat16")
+    ], str(report)
+    assert "PartitionedCall" in attention[0].op_name and attention[0].op_name.endswith("/Einsum")
+    low = sorted((r.category, r.layer_path) for r in report.low_precision())
+    assert low == ([] if float32 else [("attention", "scores"), ("softmax", "scores")]), str(report)
+
+
+def test_a_weight_passed_into_a_compiled_call_is_not_taken_for_attention():
+    keras_amp.enable("mixed_bfloat16")
+    op_rules.uninstall()
+    inp = keras.Input((8,))
+    model = keras.Model(inp, CompiledHead(4, name="head")(inp))
+    report = audit.audit_model(model, np.ones((2, 8), "float32"))
+    assert not [r for r in report.records if r.category == "attention"], str(report)
+    assert any(r.op_type == "Softmax" and r.layer_path == "head" for r in report.records)
+
+
 def test_a_shared_layer_and_a_layer_named_like_its_uniquified_scope_are_told_apart():
     # "dense" (softmax) is called twice, then "dense_1" (exp) once: TF uniquifies a call's name
     # scope of "dense" to "dense_1", the scope a name-scope reading takes for the layer "dense_1".

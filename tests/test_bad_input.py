@@ -233,10 +233,13 @@ BAD = [
     ("enable", "tf32", "yes", TypeError),
     ("enable", "tf32", 1, TypeError),
     ("enable", "device", "cpu", TypeError),
+    ("enable", "xla_scores", "yes", TypeError),
+    ("enable", "xla_scores", None, TypeError),
     # AmpConfig
     ("AmpConfig", "policy", "bogus", ValueError),
     ("AmpConfig", "policy", None, TypeError),
     ("AmpConfig", "compute_dtype", "bfloat16", ValueError),
+    ("AmpConfig", "xla_scores", 1, TypeError),
     ("AmpConfig", "variable_dtype", "float16", ValueError),
     ("AmpConfig", "loss_scaling", "yes", TypeError),
     ("AmpConfig", "loss_scaling", False, ValueError),

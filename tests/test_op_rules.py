@@ -486,25 +486,11 @@ def test_scores_einsum_skipped_when_the_name_scope_stack_changed(monkeypatch):
     assert not op_rules.rule_installed(op_rules.SCORES_EINSUM_OP) and op_rules.rule_installed("softmax")
 
 
-_PASS = ("Cast", "Mul", "AddV2", "SelectV2", "Reshape", "Transpose", "Identity")
-
-
 def _scores_matmul_dtypes(model, x):
-    """The input dtype of each matmul feeding a Softmax, in the traced forward graph."""
+    """The dtype of each QK^T matmul feeding a Softmax, in the traced forward graph (inside calls)."""
     graph = tf.function(lambda x: model(x, training=False)).get_concrete_function(x).graph
-    found = []
-    for softmax in (op for op in graph.get_operations() if op.type == "Softmax"):
-        stack = [softmax.inputs[0]]
-        while stack:
-            tensor = stack.pop()
-            if tensor.op.type in ("Einsum", "BatchMatMulV2", "MatMul"):
-                found.append(tensor.op.inputs[0].dtype.name)
-                break
-            if tensor.op.type == "IdentityN":  # a custom gradient's forward: input i is output i
-                stack.append(tensor.op.inputs[tensor.value_index])
-            elif tensor.op.type in _PASS:
-                stack.extend(t for t in tensor.op.inputs if t.dtype.is_floating)
-    return found
+    found = [audit.scores_matmul(op) for op in graph.get_operations() if op.type == "Softmax"]
+    return [audit.op_dtype(matmul) for _, matmul in filter(None, found)]
 
 
 def _tiny_llama():

@@ -206,10 +206,14 @@ def test_fingerprint_is_stable_and_covers_the_settings_that_must_match():
     assert b.device != a.device and b.fingerprint() == a.fingerprint()
     assert keras_amp.enable("mixed_float16", tf32=False, device=gpus((7, 0))).fingerprint() != a.fingerprint()
     assert keras_amp.enable("mixed_bfloat16", tf32=True, device=ZEN4).fingerprint() != a.fingerprint()
+    no_xla = keras_amp.enable("mixed_bfloat16", tf32=False, device=ZEN4, xla_scores=False)
+    assert a.xla_scores is True and no_xla.xla_scores is False and keras_amp.config() is no_xla
+    assert no_xla.fingerprint() != a.fingerprint()
     fields = a.fingerprint_fields()
     assert fields["tensorflow"] == ".".join(tf.__version__.split(".")[:2])
     assert fields["keras"] == ".".join(keras.__version__.split(".")[:2])
-    assert set(fields) == {"policy", "compute_dtype", "variable_dtype", "loss_scaling", "tf32", "tensorflow", "keras"}
+    assert set(fields) == {"policy", "compute_dtype", "variable_dtype", "loss_scaling", "tf32", "xla_scores",
+                           "tensorflow", "keras"}
 
 
 def test_fingerprint_is_the_same_in_another_process():

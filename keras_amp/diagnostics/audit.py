@@ -188,32 +188,79 @@ def _with_bodies(trace, op: tf.Operation, name: str, graph, path: str, phase: st
                 yield from _with_bodies(trace, inner, f"{name}/{inner.name}", body, owner, phase)
 
 
-def _is_weight(tensor: tf.Tensor) -> bool:
-    op = tensor.op
-    while op.type in _WEIGHT_PATH and op.inputs:
-        op = op.inputs[0].op
-    return op.type in ("ReadVariableOp", "ResourceGather")
+_CALLS = ("PartitionedCall", "StatefulPartitionedCall")
+
+# A tensor seen from inside nested function calls: the (call op, body graph) frames, outermost first.
+_Frames = tuple
 
 
-def scores_matmul(softmax: tf.Operation) -> tf.Operation | None:
-    """The QK^T matmul (two activation operands) feeding `softmax`'s logits, or None."""
-    stack, seen = [t for t in softmax.inputs if t.dtype.is_floating], set()
-    while stack:
-        tensor = stack.pop()
-        if tensor.name in seen:
+def _call_body(op: tf.Operation):
+    """The body graph of a function-call op (an XLA-compiled `tf.function`'s call), or None."""
+    try:
+        name = op.get_attr("f").name
+    except (ValueError, AttributeError):
+        return None
+    function = op.graph._get_function(name)  # TF 2.21: the nested FuncGraph's owner
+    return getattr(function, "graph", None)
+
+
+def _outside(tensor: tf.Tensor, frames: _Frames):
+    """A body's argument placeholder -> (the call's matching input, the outer frames), else None."""
+    if not frames or tensor.op.type != "Placeholder":
+        return None
+    call, body = frames[-1]
+    index = next((i for i, t in enumerate(body.inputs) if t is tensor), None)
+    if index is None or index >= len(call.inputs):
+        return None
+    return call.inputs[index], frames[:-1]
+
+
+def _is_weight(tensor: tf.Tensor, frames: _Frames = ()) -> bool:
+    while True:
+        op = tensor.op
+        if op.type in _WEIGHT_PATH and op.inputs:
+            tensor = op.inputs[0]
             continue
-        seen.add(tensor.name)
+        outer = _outside(tensor, frames)
+        if outer is None:
+            return op.type in ("ReadVariableOp", "ResourceGather")
+        tensor, frames = outer
+
+
+def scores_matmul(softmax: tf.Operation) -> tuple[str, tf.Operation] | None:
+    """The QK^T matmul (two activation operands) feeding `softmax`'s logits, or None.
+
+    Returns `(name, op)`: the matmul's name relative to `softmax`'s graph, "call/inner" when it runs
+    inside a function call (keras_amp's float32 scores are an XLA-compiled call whose operands are
+    16-bit and whose body casts them to float32 before the einsum).
+    """
+    stack = [(t, ()) for t in softmax.inputs if t.dtype.is_floating]
+    seen = set()
+    while stack:
+        tensor, frames = stack.pop()
+        key = (tensor.name, tuple(id(body) for _, body in frames))
+        if key in seen:
+            continue
+        seen.add(key)
         op = tensor.op
         if op.type in _MATMULS:
             operands = [t for t in op.inputs if t.dtype.is_floating]
-            if len(operands) == 2 and not any(_is_weight(t) for t in operands):
-                return op
+            if len(operands) == 2 and not any(_is_weight(t, frames) for t in operands):
+                return "/".join([call.name for call, _ in frames] + [op.name]), op
         elif op.type == "IdentityN":
             # tf.custom_gradient (keras_amp's float32 scores) wraps its outputs in IdentityN:
             # output i is input i.
-            stack.append(op.inputs[tensor.value_index])
+            stack.append((op.inputs[tensor.value_index], frames))
+        elif op.type in _CALLS:
+            body = _call_body(op)
+            if body is not None and tensor.value_index < len(body.outputs):
+                stack.append((body.outputs[tensor.value_index], frames + ((op, body),)))
         elif op.type in _PASS_THROUGH:
-            stack.extend(t for t in op.inputs if t.dtype.is_floating)
+            stack.extend((t, frames) for t in op.inputs if t.dtype.is_floating)
+        else:
+            outer = _outside(tensor, frames)
+            if outer is not None:
+                stack.append(outer)
     return None
 
 
@@ -258,9 +305,10 @@ def audit_model(model: keras.Model, x: Any, *, training: bool = False, backward:
             continue
         records.append(OpRecord(op.type, category, path, dtype, phase, name))
         if category == "softmax" and phase == "forward":
-            matmul = scores_matmul(op)
-            full = None if matmul is None else name[: len(name) - len(op.name)] + matmul.name
+            found = scores_matmul(op)
+            full = None if found is None else name[: len(name) - len(op.name)] + found[0]
             if full is not None and full not in scores:
+                matmul = found[1]
                 scores.add(full)
                 # The matmul's own creator: QK^T in an attention layer, the softmax in its sublayer.
                 records.append(OpRecord(matmul.type, "attention", path_of.get(full, path),

@@ -20,6 +20,7 @@ import tensorflow as tf
 from keras import ops
 
 from keras_amp import model_graph, validation
+from keras_amp import policy as amp_policy
 from keras_amp.layers import arguments
 
 # Keras version the private reads and overrides below were written against.
@@ -64,25 +65,48 @@ def _gradient_equations(equation):
     return f"{out},{query}->{key}", f"{out},{key}->{query}"
 
 
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _scores_float32_out(equation, key, query, scale):
+    """`einsum(equation, key, query) * scale` of 16-bit operands, float32 accumulation and result.
+
+    XLA (CPU and GPU) folds the casts into a 16-bit dot with float32 accumulation: the result
+    equals the float32 einsum of the float32 copies (products of 16-bit numbers are exact in
+    float32) at the 16-bit matmul's speed. Without XLA, TensorFlow 2.21 runs that einsum as a
+    float32 matmul on the CPU (no 16-bit x 16-bit -> float32 kernel there).
+    """
+    return tf.einsum(equation, tf.cast(key, tf.float32), tf.cast(query, tf.float32)) * scale
+
+
 def float32_scores(equation, key, query, scale):
     """`einsum(equation, key, query * scale)` with a float32 result, exact for 16-bit inputs.
 
-    The forward matmul runs on float32 copies: the products of two 16-bit numbers are exact
-    in float32, and the float32 output neither overflows (float16) nor rounds each logit to
-    8 bits (bfloat16). The two gradient matmuls run in the inputs' (compute) dtype, as in the
-    stock layer: the gradients of `key` and `query` are rounded to that dtype anyway, and
-    16-bit matmuls are the speed of mixed precision. A float16 gradient that overflows
-    becomes inf, which the loss-scale optimizer skips.
+    The forward matmul multiplies the 16-bit operands with float32 accumulation and a float32
+    result (`_scores_float32_out`, XLA-compiled; a float32 matmul of float32 copies under
+    `keras_amp.enable(xla_scores=False)`): the products of two 16-bit numbers are exact
+    in float32, and the float32 output neither overflows (float16) nor rounds each logit to 8
+    bits (bfloat16). The scale multiplies the float32 sum. The two gradient matmuls run in the
+    inputs' (compute) dtype, as in the stock layer: the gradients of `key` and `query` are
+    rounded to that dtype anyway, and 16-bit matmuls are the speed of mixed precision. A float16
+    gradient that overflows becomes inf, which the loss-scale optimizer skips.
     """
     equations = _gradient_equations(equation)
     low = key.dtype
     if low == tf.float32 or equations is None:
         return ops.einsum(equation, ops.cast(key, "float32"), ops.multiply(ops.cast(query, "float32"), scale))
     d_key_eq, d_query_eq = equations
+    config = amp_policy.config()
+    compiled = config is None or config.xla_scores
 
     @tf.custom_gradient
     def scores(key, query):
-        result = tf.einsum(equation, tf.cast(key, tf.float32), tf.cast(query, tf.float32) * scale)
+        if compiled:
+            # stop_gradient: the gradient is `grad` below; without it a tape would also build
+            # TF's own gradient of the compiled call.
+            result = _scores_float32_out(
+                equation, tf.stop_gradient(key), tf.stop_gradient(query), tf.constant(scale, tf.float32)
+            )
+        else:
+            result = tf.einsum(equation, tf.cast(key, tf.float32), tf.cast(query, tf.float32) * scale)
 
         def grad(upstream):
             g = tf.cast(upstream * scale, low)
@@ -131,6 +155,31 @@ def _masked_softmax(scores, mask, num_axes):
     return probs
 
 
+def _probabilities_in(scores, mask, num_axes, dtype):
+    """`_masked_softmax(scores, ...)` (float32) rounded to the 16-bit `dtype` once, at the end.
+
+    The backward pass computes the softmax gradient in float32 from those 16-bit probabilities,
+    d(scores) = p * (g - sum(g * p)) over the attention axes, so no float32 copy of the
+    probabilities is kept for it. Masked positions have p = 0 and get no gradient, as through
+    stock's masking. The gradient differs from one through float32 probabilities by one
+    rounding of p to `dtype`; `float32_scores` rounds d(scores) to that dtype anyway.
+    """
+    axes = tuple(range(len(scores.shape) - num_axes, len(scores.shape)))
+
+    @tf.custom_gradient
+    def probabilities(scores):
+        probs = tf.cast(_masked_softmax(tf.stop_gradient(scores), mask, num_axes), dtype)
+
+        def grad(upstream):
+            p = tf.cast(probs, tf.float32)
+            g = tf.cast(upstream, tf.float32)
+            return p * (g - tf.reduce_sum(g * p, axis=axes, keepdims=True))
+
+        return probs, grad
+
+    return probabilities(scores)
+
+
 def float32_attention(
     layer,
     query,
@@ -151,6 +200,10 @@ def float32_attention(
     seed generator, so the random stream is stock's); the value einsum runs in `value`'s
     (compute) dtype. The returned scores are the pre-dropout probabilities in
     `scores_dtype` (default float32), or None when `return_attention_scores` is False.
+    When `scores_dtype` is the 16-bit compute dtype (stock's contract, under the op rule)
+    and the dropout, if any, computes in it, the probabilities are rounded to that dtype
+    once, after the float32 softmax, and only that copy is kept for the backward pass
+    (`_probabilities_in`): the memory stock uses.
     Flash attention is never used: its fused kernels compute QK^T in the compute dtype.
     """
     del return_attention_scores  # the probabilities exist anyway; the caller drops them
@@ -163,13 +216,23 @@ def float32_attention(
         attention_mask = (
             causal if attention_mask is None else ops.logical_and(ops.cast(attention_mask, "bool"), causal)
         )
-    probs = _masked_softmax(scores, attention_mask, _num_attention_axes(layer))
+    num_axes = _num_attention_axes(layer)
+    dropout = read_private(layer, "_dropout_layer") if layer.dropout > 0.0 else None
+    low = keras.backend.standardize_dtype(value.dtype)
+    if scores_dtype == low != "float32" and (dropout is None or dropout.compute_dtype == low):
+        # Stock's contract (the op rule): probabilities leave in the compute dtype, and the
+        # dropout, if any, runs there. Only the 16-bit probabilities are kept for the backward
+        # pass, as stock keeps them: no float32 copy of a (B, N, T, S) tensor.
+        probs = _probabilities_in(scores, attention_mask, num_axes, low)
+        dropped = probs if dropout is None else dropout(probs, training=training)
+        return ops.einsum(read_private(layer, "_combine_equation"), dropped, value), probs
+    probs = _masked_softmax(scores, attention_mask, num_axes)
     dropped = probs
-    if layer.dropout > 0.0:
+    if dropout is not None:
         # A float32 Dropout (ours) keeps the probabilities float32 until the einsum; a
         # stock mixed-policy one casts them to the compute dtype first (one more rounding
         # of values in [0, 1 / (1 - rate)], where they are going anyway).
-        dropped = read_private(layer, "_dropout_layer")(probs, training=training)
+        dropped = dropout(probs, training=training)
     # Probabilities are in [0, 1]: the value einsum is safe (and fast) in the compute dtype.
     output = ops.einsum(
         read_private(layer, "_combine_equation"), ops.cast(dropped, value.dtype), value

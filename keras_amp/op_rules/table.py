@@ -81,8 +81,10 @@ RULES: tuple[Rule, ...] = (
     Rule(ATTENTION_OP, "attention", "float32", "compute dtype",
          BOTH, "keras_amp", ("keras.layers.MultiHeadAttention._compute_attention",),
          "QK^T sums key_dim products: entries near 300 overflow float16 (NaN softmax); bfloat16 "
-         "rounds logits to 8 bits. Value einsum stays in the compute dtype; subclasses that keep "
-         "the stock method (keras-hub) get it too"),
+         "rounds logits to 8 bits. QK^T: an XLA-compiled 16-bit matmul with float32 accumulation "
+         "and result (a float32 matmul under `enable(xla_scores=False)`); probabilities rounded "
+         "once to the compute dtype, softmax gradient in float32. Value einsum stays in the "
+         "compute dtype; subclasses that keep the stock method (keras-hub) get it too"),
     Rule(SCORES_EINSUM_OP, "attention", "float32", "float32", BOTH, "keras_amp", (EINSUM, EINSUM_SPEC),
          "layers that compute QK^T themselves (keras-hub Llama, Mistral, Mixtral, Qwen*, SmolLM3, "
          "GPT-OSS attention; not MultiHeadAttention, covered above): the einsum whose equation is "

@@ -2,6 +2,7 @@
 
 
 import keras
+import keras_amp
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -145,8 +146,16 @@ def test_gradients_match_float32(mixed_policy):
         np.testing.assert_allclose(np64(gm), np64(g32), atol=16 * u(mixed_policy) * scale)
 
 
+def _compiled_calls(fn, *args):
+    """Function-call ops that XLA must compile, in the traced graph of `fn(*args)`."""
+    graph = tf.function(fn).get_concrete_function(*args).graph
+    return [op for op in graph.get_operations() if "_XlaMustCompile" in op.node_def.attr]
+
+
+@pytest.mark.parametrize("xla_scores", [True, False], ids=["xla", "float32_matmul"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_float32_scores_exact_forward_and_compute_dtype_gradients(dtype):
+def test_float32_scores_exact_forward_and_compute_dtype_gradients(dtype, xla_scores):
+    keras_amp.enable("mixed_" + dtype, xla_scores=xla_scores)
     # MultiHeadAttention's own equation and layout: key (B, S, H, D), query (B, T, H, D).
     equation = "aecd,abcd->acbe"
     rng = np.random.default_rng(7)
@@ -156,6 +165,9 @@ def test_float32_scores_exact_forward_and_compute_dtype_gradients(dtype):
     query = tf.constant(rng.integers(-300, 301, (2, 5, 2, 16)), tf.float32)
     key16, query16 = tf.cast(key, dtype), tf.cast(query, dtype)
     scale = 0.25
+    # The forward runs as an XLA-compiled call, or (xla_scores=False) as plain graph ops.
+    compiled = _compiled_calls(lambda k, q: attention.float32_scores(equation, k, q, scale), key16, query16)
+    assert len(compiled) == (1 if xla_scores else 0)
     with tf.GradientTape() as tape:
         tape.watch([key16, query16])
         scores = attention.float32_scores(equation, key16, query16, scale)
@@ -233,6 +245,59 @@ def test_float32_attention_scores_dtype_and_dropout_stream(mixed_policy):
     no_drop, _ = attention.float32_attention(stock, pq, pk, pv, training=False)
     assert np.abs(np64(out) - np64(no_drop)).max() > 1e-2  # guard: dropout applied
     assert np.all(np.isfinite(np64(out)))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["unmasked", "causal"])
+def test_compute_dtype_probabilities_and_their_float32_gradient(mixed_policy, causal):
+    # Stock's contract (the op rule): probabilities rounded once to the compute dtype; the
+    # softmax gradient computed in float32 from them, zero where masked (a fully masked row too).
+    dtype = keras.dtype_policies.get(mixed_policy).compute_dtype
+    rng = np.random.default_rng(11)
+    scores = tf.constant(rng.standard_normal((2, 3, T, T)) * 4, tf.float32)
+    upstream = rng.standard_normal((2, 3, T, T))
+    mask = np.ones((2, T, T), bool) if not causal else np.broadcast_to(np.tril(np.ones((T, T), bool)), (2, T, T)).copy()
+    mask[1, 2, :] = False  # a fully masked row
+    with tf.GradientTape() as tape:
+        tape.watch(scores)
+        probs = attention._probabilities_in(scores, tf.constant(mask), 1, dtype)
+        loss = tf.reduce_sum(tf.cast(probs, tf.float32) * upstream)
+    d_scores = tape.gradient(loss, scores)
+    m = mask[:, None]
+    logits = np.where(m, np64(scores), -np.inf)
+    exp = np.where(m, np.exp(logits - np.max(np.where(m, logits, -1e300), axis=-1, keepdims=True)), 0.0)
+    total = exp.sum(-1, keepdims=True)
+    p64 = np.divide(exp, total, out=np.zeros_like(exp), where=total > 0)
+    ref_d = p64 * (upstream - (upstream * p64).sum(-1, keepdims=True))
+    assert keras.backend.standardize_dtype(probs.dtype) == dtype and d_scores.dtype == tf.float32
+    np.testing.assert_allclose(np64(probs), p64, atol=u(mixed_policy))  # one rounding of p <= 1
+    np.testing.assert_allclose(np64(d_scores), ref_d, atol=4 * u(mixed_policy) * np.abs(upstream).max())
+    assert not np64(probs)[1, :, 2].any() and not np64(d_scores)[1, :, 2].any()
+    assert not np64(d_scores)[~np.broadcast_to(m, ref_d.shape)].any()  # no gradient where masked
+
+
+@pytest.mark.filterwarnings("ignore:mixed_float16 requested:keras_amp.AmpWarning")
+@pytest.mark.parametrize("dropout", [0.0, 0.2], ids=["no_dropout", "dropout"])
+def test_stock_layer_under_the_op_rule_gradients_match_float32(mixed_policy, dropout, monkeypatch):
+    # The op rule's path (stock MultiHeadAttention, compute-dtype probabilities kept for the
+    # backward pass): same bound as our layer's gradients against float32. Inference mode:
+    # dropout is then the identity, so the two runs compare like for like.
+    keras_amp.enable(mixed_policy)
+    lean = []
+    original = attention._probabilities_in
+    monkeypatch.setattr(attention, "_probabilities_in", lambda *a: lean.append(a[-1]) or original(*a))
+    rng = np.random.default_rng(5)
+    q, k, v = (tf.constant(rng.standard_normal((2, T, DIM)), tf.float32) for _ in range(3))
+    grads = {}
+    for p in ("float32", mixed_policy):
+        layer = _make(keras.layers.MultiHeadAttention, dtype=p, dropout=dropout)
+        with tf.GradientTape() as tape:
+            tape.watch([q, v])
+            loss = tf.reduce_sum(tf.cast(layer(q, v, k, use_causal_mask=True), tf.float32))
+        grads[p] = tape.gradient(loss, [q, v] + layer.trainable_variables)
+    assert lean == [keras.dtype_policies.get(mixed_policy).compute_dtype]  # guard: the lean path ran, once
+    scale = max(np.abs(np64(g)).max() for g in grads["float32"])
+    for g32, gm in zip(grads["float32"], grads[mixed_policy]):
+        np.testing.assert_allclose(np64(gm), np64(g32), atol=16 * u(mixed_policy) * scale)
 
 
 def test_float32_attention_needs_built_layer():
