@@ -24,7 +24,9 @@ Transformer's and LSTM's vocabulary projection): `amp_bf16+head32` keeps it floa
 `+amplstm` builds `keras_amp.layers.LSTM` (16-bit matmuls, float32 gates and cell state) instead
 of the stock LSTM, `+lstm16` rules the stock LSTMs into the compute dtype. Tokens combine:
 `amp_bf16+amplstm+logits`. `+f32scores` enables keras_amp with `xla_scores=False` (attention
-QK^T as a float32 matmul instead of the XLA-compiled 16-bit one). Any configuration: `+jit`
+QK^T as a float32 matmul instead of the XLA-compiled 16-bit one); `+norm16` rules the
+LayerNormalization layers into the compute dtype (Keras computes their statistics in float32
+anyway; the deny list's float32 policy also keeps gamma/beta and the output float32). Any configuration: `+jit`
 compiles it with XLA (`jit_compile=True`).
 """
 
@@ -224,6 +226,9 @@ def build(workload: str, name: str, s: Sizes, jit_compile="auto") -> keras.Model
         rules, kwargs = {}, {}
         for token in tokens:
             if token == "f32scores":
+                continue
+            if token == "norm16":  # LayerNormalization layers in the compute dtype (a rule)
+                rules[keras.layers.LayerNormalization] = policy
                 continue
             if token == "head32":
                 rules[HEAD[workload]] = "float32"

@@ -155,29 +155,64 @@ def _masked_softmax(scores, mask, num_axes):
     return probs
 
 
-def _probabilities_in(scores, mask, num_axes, dtype):
-    """`_masked_softmax(scores, ...)` (float32) rounded to the 16-bit `dtype` once, at the end.
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _probabilities_compiled(equation, key, query, scale, mask, num_axes, dtype):
+    """`_masked_softmax(einsum(equation, key, query) * scale)` in float32, returned in `dtype`.
 
-    The backward pass computes the softmax gradient in float32 from those 16-bit probabilities,
-    d(scores) = p * (g - sum(g * p)) over the attention axes, so no float32 copy of the
-    probabilities is kept for it. Masked positions have p = 0 and get no gradient, as through
-    stock's masking. The gradient differs from one through float32 probabilities by one
-    rounding of p to `dtype`; `float32_scores` rounds d(scores) to that dtype anyway.
+    One XLA computation: the 16-bit dot with float32 accumulation, the scale, the mask and the
+    softmax fuse, so the float32 scores and probabilities are never written to memory.
     """
-    axes = tuple(range(len(scores.shape) - num_axes, len(scores.shape)))
+    scores = tf.einsum(equation, tf.cast(key, tf.float32), tf.cast(query, tf.float32)) * scale
+    return tf.cast(_masked_softmax(scores, mask, num_axes), dtype)
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _scores_gradient_compiled(probs, upstream, scale, axes):
+    """d(scaled scores) from the 16-bit probabilities: p * (g - sum(g * p)) * scale in float32,
+    rounded to the probabilities' dtype for the two gradient matmuls (one fused XLA kernel)."""
+    p = tf.cast(probs, tf.float32)
+    g = tf.cast(upstream, tf.float32)
+    return tf.cast(p * (g - tf.reduce_sum(g * p, axis=axes, keepdims=True)) * scale, probs.dtype)
+
+
+def compute_dtype_probabilities(equation, key, query, scale, mask, num_axes, compiled=True):
+    """Attention probabilities softmax(mask(einsum(equation, key, query) * scale)) for 16-bit
+    `key`/`query`, computed in float32 and rounded once to their dtype; None when `equation` has
+    no gradient equations of the closed form (see `_gradient_equations`).
+
+    Forward: the 16-bit dot with float32 accumulation, the scale, the mask and the softmax in
+    float32, then one rounding. Backward: d(scaled scores) = p * (g - sum(g * p)) * scale in
+    float32 from the 16-bit probabilities (no float32 copy of a (B, N, T, S) tensor is kept for
+    it; masked positions have p = 0 and get no gradient), rounded to the compute dtype, and the
+    two gradient matmuls in the compute dtype, as stock's. `compiled=True` runs the forward and
+    the softmax gradient as XLA computations (`_probabilities_compiled`,
+    `_scores_gradient_compiled`): fused, the float32 scores are never written to memory and the
+    dot runs at the 16-bit speed; `compiled=False` runs the same ops uncompiled (a float32
+    matmul on the CPU).
+    """
+    equations = _gradient_equations(equation)
+    if equations is None:
+        return None
+    d_key_eq, d_query_eq = equations
+    low = key.dtype
+    rank = len(equation.split("->")[1])
+    axes = tuple(range(rank - num_axes, rank))
+    scale_t = tf.constant(scale, tf.float32)
+    forward = _probabilities_compiled if compiled else _probabilities_compiled.python_function
+    backward = _scores_gradient_compiled if compiled else _scores_gradient_compiled.python_function
 
     @tf.custom_gradient
-    def probabilities(scores):
-        probs = tf.cast(_masked_softmax(tf.stop_gradient(scores), mask, num_axes), dtype)
+    def probabilities(key, query):
+        # stop_gradient: the gradient is `grad` below, not TF's own through the compiled call.
+        probs = forward(equation, tf.stop_gradient(key), tf.stop_gradient(query), scale_t, mask, num_axes, low)
 
         def grad(upstream):
-            p = tf.cast(probs, tf.float32)
-            g = tf.cast(upstream, tf.float32)
-            return p * (g - tf.reduce_sum(g * p, axis=axes, keepdims=True))
+            g = backward(probs, tf.cast(upstream, low), scale_t, axes)
+            return tf.einsum(d_key_eq, g, query), tf.einsum(d_query_eq, g, key)
 
         return probs, grad
 
-    return probabilities(scores)
+    return probabilities(key, ops.cast(query, low))
 
 
 def float32_attention(
@@ -203,14 +238,14 @@ def float32_attention(
     When `scores_dtype` is the 16-bit compute dtype (stock's contract, under the op rule)
     and the dropout, if any, computes in it, the probabilities are rounded to that dtype
     once, after the float32 softmax, and only that copy is kept for the backward pass
-    (`_probabilities_in`): the memory stock uses.
+    (`compute_dtype_probabilities`): the memory stock uses.
     Flash attention is never used: its fused kernels compute QK^T in the compute dtype.
     """
     del return_attention_scores  # the probabilities exist anyway; the caller drops them
     # QK^T sums key_dim products: entries near 300 already exceed float16's 65504, and
     # bfloat16 rounds each logit to 8 bits. Scale, dot product, mask and softmax are float32.
     scale = float(read_private(layer, "_inverse_sqrt_key_dim"))
-    scores = float32_scores(read_private(layer, "_dot_product_equation"), key, query, scale)
+    equation = read_private(layer, "_dot_product_equation")
     if use_causal_mask:
         causal = _causal_mask(query, value)
         attention_mask = (
@@ -219,13 +254,22 @@ def float32_attention(
     num_axes = _num_attention_axes(layer)
     dropout = read_private(layer, "_dropout_layer") if layer.dropout > 0.0 else None
     low = keras.backend.standardize_dtype(value.dtype)
-    if scores_dtype == low != "float32" and (dropout is None or dropout.compute_dtype == low):
+    if (
+        scores_dtype == low != "float32"
+        and keras.backend.standardize_dtype(key.dtype) == low
+        and (dropout is None or dropout.compute_dtype == low)
+    ):
         # Stock's contract (the op rule): probabilities leave in the compute dtype, and the
         # dropout, if any, runs there. Only the 16-bit probabilities are kept for the backward
         # pass, as stock keeps them: no float32 copy of a (B, N, T, S) tensor.
-        probs = _probabilities_in(scores, attention_mask, num_axes, low)
+        config = amp_policy.config()
+        compiled = config is None or config.xla_scores
+        probs = compute_dtype_probabilities(equation, key, query, scale, attention_mask, num_axes, compiled)
+        if probs is None:  # an equation without closed-form gradients: float32 all through
+            probs = ops.cast(_masked_softmax(float32_scores(equation, key, query, scale), attention_mask, num_axes), low)
         dropped = probs if dropout is None else dropout(probs, training=training)
         return ops.einsum(read_private(layer, "_combine_equation"), dropped, value), probs
+    scores = float32_scores(equation, key, query, scale)
     probs = _masked_softmax(scores, attention_mask, num_axes)
     dropped = probs
     if dropout is not None:

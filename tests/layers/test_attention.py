@@ -247,44 +247,58 @@ def test_float32_attention_scores_dtype_and_dropout_stream(mixed_policy):
     assert np.all(np.isfinite(np64(out)))
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["xla", "uncompiled"])
 @pytest.mark.parametrize("causal", [False, True], ids=["unmasked", "causal"])
-def test_compute_dtype_probabilities_and_their_float32_gradient(mixed_policy, causal):
-    # Stock's contract (the op rule): probabilities rounded once to the compute dtype; the
-    # softmax gradient computed in float32 from them, zero where masked (a fully masked row too).
+def test_compute_dtype_probabilities_and_their_float32_gradient(mixed_policy, causal, compiled):
+    # Stock's contract (the op rule): probabilities of the float32 scores rounded once to the
+    # compute dtype; the gradient through the softmax computed in float32 from them, zero where
+    # masked (a fully masked row too), then the gradient matmuls in the compute dtype.
     dtype = keras.dtype_policies.get(mixed_policy).compute_dtype
     rng = np.random.default_rng(11)
-    scores = tf.constant(rng.standard_normal((2, 3, T, T)) * 4, tf.float32)
+    key = tf.cast(tf.constant(rng.standard_normal((2, T, 3, KEY_DIM)) * 3), dtype)
+    query = tf.cast(tf.constant(rng.standard_normal((2, T, 3, KEY_DIM)) * 3), dtype)
     upstream = rng.standard_normal((2, 3, T, T))
     mask = np.ones((2, T, T), bool) if not causal else np.broadcast_to(np.tril(np.ones((T, T), bool)), (2, T, T)).copy()
     mask[1, 2, :] = False  # a fully masked row
+    equation, scale = "aecd,abcd->acbe", 0.3
     with tf.GradientTape() as tape:
-        tape.watch(scores)
-        probs = attention._probabilities_in(scores, tf.constant(mask), 1, dtype)
+        tape.watch([key, query])
+        probs = attention.compute_dtype_probabilities(equation, key, query, scale, tf.constant(mask), 1, compiled)
         loss = tf.reduce_sum(tf.cast(probs, tf.float32) * upstream)
-    d_scores = tape.gradient(loss, scores)
+    d_key, d_query = tape.gradient(loss, [key, query])
+    k64, q64 = np64(key), np64(query)
     m = mask[:, None]
-    logits = np.where(m, np64(scores), -np.inf)
+    logits = np.where(m, np.einsum(equation, k64, q64) * scale, -np.inf)
     exp = np.where(m, np.exp(logits - np.max(np.where(m, logits, -1e300), axis=-1, keepdims=True)), 0.0)
     total = exp.sum(-1, keepdims=True)
     p64 = np.divide(exp, total, out=np.zeros_like(exp), where=total > 0)
-    ref_d = p64 * (upstream - (upstream * p64).sum(-1, keepdims=True))
-    assert keras.backend.standardize_dtype(probs.dtype) == dtype and d_scores.dtype == tf.float32
+    d_scores = p64 * (upstream - (upstream * p64).sum(-1, keepdims=True)) * scale
+    ref_d_query = np.einsum("acbe,aecd->abcd", d_scores, k64)
+    ref_d_key = np.einsum("acbe,abcd->aecd", d_scores, q64)
+    assert keras.backend.standardize_dtype(probs.dtype) == dtype
     np.testing.assert_allclose(np64(probs), p64, atol=u(mixed_policy))  # one rounding of p <= 1
-    np.testing.assert_allclose(np64(d_scores), ref_d, atol=4 * u(mixed_policy) * np.abs(upstream).max())
-    assert not np64(probs)[1, :, 2].any() and not np64(d_scores)[1, :, 2].any()
-    assert not np64(d_scores)[~np.broadcast_to(m, ref_d.shape)].any()  # no gradient where masked
+    assert not np64(probs)[1, :, 2].any()  # the fully masked row: zeros
+    assert d_key.dtype == dtype and d_query.dtype == dtype
+    for got, want in ((d_query, ref_d_query), (d_key, ref_d_key)):
+        np.testing.assert_allclose(np64(got), want, atol=8 * u(mixed_policy) * np.abs(want).max())
+    # The float32 matmul is really avoided only when compiled: one XLA call forward.
+    calls = _compiled_calls(
+        lambda k, q: attention.compute_dtype_probabilities(equation, k, q, scale, tf.constant(mask), 1, compiled),
+        key, query)
+    assert len(calls) == (1 if compiled else 0)
 
 
 @pytest.mark.filterwarnings("ignore:mixed_float16 requested:keras_amp.AmpWarning")
+@pytest.mark.parametrize("xla_scores", [True, False], ids=["xla", "uncompiled"])
 @pytest.mark.parametrize("dropout", [0.0, 0.2], ids=["no_dropout", "dropout"])
-def test_stock_layer_under_the_op_rule_gradients_match_float32(mixed_policy, dropout, monkeypatch):
+def test_stock_layer_under_the_op_rule_gradients_match_float32(mixed_policy, dropout, xla_scores, monkeypatch):
     # The op rule's path (stock MultiHeadAttention, compute-dtype probabilities kept for the
     # backward pass): same bound as our layer's gradients against float32. Inference mode:
     # dropout is then the identity, so the two runs compare like for like.
-    keras_amp.enable(mixed_policy)
-    lean = []
-    original = attention._probabilities_in
-    monkeypatch.setattr(attention, "_probabilities_in", lambda *a: lean.append(a[-1]) or original(*a))
+    keras_amp.enable(mixed_policy, xla_scores=xla_scores)
+    ran = []
+    original = attention.compute_dtype_probabilities
+    monkeypatch.setattr(attention, "compute_dtype_probabilities", lambda *a: ran.append(a[-1]) or original(*a))
     rng = np.random.default_rng(5)
     q, k, v = (tf.constant(rng.standard_normal((2, T, DIM)), tf.float32) for _ in range(3))
     grads = {}
@@ -294,10 +308,32 @@ def test_stock_layer_under_the_op_rule_gradients_match_float32(mixed_policy, dro
             tape.watch([q, v])
             loss = tf.reduce_sum(tf.cast(layer(q, v, k, use_causal_mask=True), tf.float32))
         grads[p] = tape.gradient(loss, [q, v] + layer.trainable_variables)
-    assert lean == [keras.dtype_policies.get(mixed_policy).compute_dtype]  # guard: the lean path ran, once
+    assert ran == [xla_scores]  # guard: the compute-dtype path ran, once, compiled as configured
     scale = max(np.abs(np64(g)).max() for g in grads["float32"])
     for g32, gm in zip(grads["float32"], grads[mixed_policy]):
         np.testing.assert_allclose(np64(gm), np64(g32), atol=16 * u(mixed_policy) * scale)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["unmasked", "causal"])
+def test_compiled_probabilities_equal_the_uncompiled_ones(mixed_policy, causal):
+    # XLA fuses the same float32 arithmetic with the same roundings: probabilities and input
+    # gradients agree to within one 16-bit rounding (XLA may reorder the float32 sums).
+    dtype = keras.dtype_policies.get(mixed_policy).compute_dtype
+    rng = np.random.default_rng(2)
+    key = tf.cast(tf.constant(rng.standard_normal((2, T, HEADS, KEY_DIM)) * 3), dtype)
+    query = tf.cast(tf.constant(rng.standard_normal((2, T, HEADS, KEY_DIM)) * 3), dtype)
+    mask = tf.constant(np.tril(np.ones((T, T), bool))[None]) if causal else None
+    upstream = tf.cast(tf.constant(rng.standard_normal((2, HEADS, T, T))), tf.float32)
+    results = []
+    for compiled in (True, False):
+        with tf.GradientTape() as tape:
+            tape.watch([key, query])
+            probs = attention.compute_dtype_probabilities("aecd,abcd->acbe", key, query, 0.3, mask, 1, compiled)
+            loss = tf.reduce_sum(tf.cast(probs, tf.float32) * upstream)
+        results.append([probs] + tape.gradient(loss, [key, query]))
+    for compiled, uncompiled in zip(*results):
+        assert compiled.dtype == uncompiled.dtype == dtype
+        np.testing.assert_allclose(np64(compiled), np64(uncompiled), atol=2 * u(mixed_policy) * np.abs(np64(uncompiled)).max())
 
 
 def test_float32_attention_needs_built_layer():
