@@ -162,7 +162,7 @@ def _probabilities_compiled(equation, key, query, scale, mask, num_axes, dtype):
     One XLA computation: the 16-bit dot with float32 accumulation, the scale, the mask and the
     softmax fuse, so the float32 scores and probabilities are never written to memory.
     """
-    scores = tf.einsum(equation, tf.cast(key, tf.float32), tf.cast(query, tf.float32)) * scale
+    scores = _scores_float32_out.python_function(equation, key, query, scale)
     return tf.cast(_masked_softmax(scores, mask, num_axes), dtype)
 
 
