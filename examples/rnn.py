@@ -4,10 +4,11 @@
     python examples/rnn.py --compare_float32 --policy=mixed_bfloat16
     python examples/rnn.py --dataset=imdb_reviews                   # tensorflow-datasets (network)
 
-The "rnn" recipe keeps the recurrence (gates, cell state) and the sequence output layer float32
-and the rest in the compute dtype; --show_plan prints what each layer gets and why. On a 2-core
-CPU an LSTM of this size is bound by per-timestep overhead, not matmuls: expect no speed-up
-there (see BUILD_NOTES.md).
+The "rnn" recipe keeps the recurrence's gates, nonlinearities and cell state float32 with its
+input and recurrent matmuls in 16 bits (`keras_amp.Matmul16DTypePolicy`), and the rest, the
+output layer included, in the compute dtype; --show_plan prints what each layer gets and why.
+On a 2-core CPU an LSTM of this size is largely bound by per-timestep overhead: expect a small
+speed-up there at most (see BUILD_NOTES.md).
 """
 
 from __future__ import annotations

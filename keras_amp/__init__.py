@@ -18,6 +18,7 @@ from keras_amp.diagnostics import (
     find_overflow,
 )
 from keras_amp.hardware import DeviceInfo, GpuInfo
+from keras_amp.op_rules import Matmul16DTypePolicy
 from keras_amp.optimizers import LossScaleOptimizer, MinScaleError, wrap
 from keras_amp.policy import AmpConfig, AmpWarning, config, disable, enable
 from keras_amp.recipes import RecipePlan, apply_recipe, plan_recipe
@@ -38,6 +39,7 @@ __all__ = [
     "Float32Fallback",
     "GpuInfo",
     "LossScaleOptimizer",
+    "Matmul16DTypePolicy",
     "MinScaleError",
     "ModelReport",
     "OpRecord",

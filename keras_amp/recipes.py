@@ -11,8 +11,11 @@ layer `model_graph.walk()` reaches, parents before children, the later one winni
     1. recipe role   "cnn":         first and last layers float32
                      "transformer": nothing beyond the compute dtype: attention scores are
                                     float32 by keras_amp's op rules, logits and loss by the loss
-                     "rnn":         LSTM/GRU/any RNN and Bidirectional float32 (gates, cell state
-                                    and recurrent matmuls), the sequence output layer float32
+                     "rnn":         LSTM/GRU/any RNN, Bidirectional and their cells: gates,
+                                    nonlinearities and carried state float32, input and
+                                    recurrent matmuls 16-bit (`op_rules.Matmul16DTypePolicy`);
+                                    the output layer, like the transformer's, in the compute
+                                    dtype (float32 logits-to-loss by the loss)
     2. deny list     softmax, normalisation, exp/log-type activations, activity-regularizer
                      losses -> float32
     3. user rules    layer class or name/path regex -> policy
@@ -22,8 +25,10 @@ a Sequential or functional graph but a subclassed model's or a composite layer's
 not (`float32 + bfloat16` is an error in TF). So a layer called from such code keeps the dtype
 relation to its parent it was built with: it follows its parent, or, built in another dtype than
 a 16-bit parent (keras-hub's float32 softmax in its attention layers), stays as built; its
-deny-list ops are computed in float32 by keras_amp's op rules instead. An RNN there that the
-"rnn" recipe would make float32 is an error naming the layer, unless a rule decides it.
+deny-list ops are computed in float32 by keras_amp's op rules instead. An RNN there keeps its
+parent's policy (its output dtype) and only its cell gets the "rnn" role: `RNN.call` casts the
+initial states to the cell's dtype and the outputs to the RNN's, so gates and state are float32
+through the loop and the returned states are rounded once, at the end.
 
 Left as built: keras_amp's float32 islands (`model_graph.Float32Island`), non-float layers
 (lookups, tokenizers) and quantized layers.
@@ -44,6 +49,8 @@ from absl import logging
 from keras_amp import model_graph
 from keras_amp import policy as amp_policy
 from keras_amp import validation
+from keras_amp.op_rules.matmul import PREFIX as MATMUL16_PREFIX
+from keras_amp.op_rules.matmul import matmul16_name, policy_from_name
 
 RECIPES = ("cnn", "rnn", "transformer")
 # Mixed or float32 only: layers keep their float32 variables (a pure 16-bit policy would need new ones).
@@ -84,7 +91,7 @@ class RecipePlan:
         """The plan as a Keras `DTypePolicyMap` keyed by layer path (default: the compute policy)."""
         return keras.dtype_policies.DTypePolicyMap(
             default_policy=keras.DTypePolicy(self.compute_policy),
-            policy_map={e.path: keras.DTypePolicy(e.policy) for e in self.layers},
+            policy_map={e.path: policy_from_name(e.policy) for e in self.layers},
         )
 
     def __str__(self) -> str:
@@ -146,8 +153,13 @@ def _left_as_built(layer: Any) -> str | None:
     return None
 
 
-def _role(recipe: str, layer: Any, first: bool, last: bool) -> str | None:
-    """The recipe's float32 role for `layer`, or None."""
+RNN_ROLE = "rnn: recurrence (gates, nonlinearities and carried state float32, matmuls 16-bit)"
+RNN_CELL_ROLE = "rnn: cell (gates, nonlinearities and carried state float32, matmuls 16-bit)"
+RNN_CELL_INSIDE = "rnn: cell, float32; its matmuls 16-bit under its RNN's policy"
+
+
+def _role(recipe: str, layer: Any, parent: Any, first: bool, last: bool) -> str | None:
+    """The recipe's role for `layer`, or None."""
     if recipe == "cnn" and first:
         return "cnn: first layer"
     if recipe == "cnn" and last:
@@ -156,25 +168,48 @@ def _role(recipe: str, layer: Any, first: bool, last: bool) -> str | None:
         if isinstance(layer, keras.layers.Bidirectional):
             inner = (layer.forward_layer, layer.backward_layer)
             if not all(model_graph.is_island(i) for i in inner):
-                return "rnn: recurrence (gates, cell state and recurrent matmuls)"
+                return RNN_ROLE
         elif isinstance(layer, keras.layers.RNN):
-            return "rnn: recurrence (gates, cell state and recurrent matmuls)"
-        if last:
-            return "rnn: sequence output layer"
+            return RNN_ROLE
+        elif isinstance(parent, keras.layers.RNN) and layer is parent.cell:
+            return RNN_CELL_ROLE
     return None
+
+
+def _role_policy(role: str, compute: str) -> str:
+    # cnn roles: float32; rnn roles: float32 with the compute dtype's 16-bit matmuls.
+    return matmul16_name(compute) if role.startswith("rnn:") else FLOAT32
+
+
+def _saves_its_cell(rnn: Any) -> bool:
+    """Whether `rnn`'s config holds its cell's config (generic RNN) rather than rebuilding it."""
+    try:
+        return "cell" in rnn.get_config()
+    except Exception:  # a third-party RNN whose get_config fails: assume the cell is saved
+        return True
 
 
 def _is_16bit(dtype: str) -> bool:
     return dtype in ("float16", "bfloat16")
 
 
-_RAISE = "raise: "
-
-
 def _decide(recipe, layer, parent, model, planned, first, last, compute) -> tuple[str, str]:
-    """`layer`'s policy and reason from its parent, the recipe and the deny list (rules come after)."""
-    inherited = planned.get(id(parent), compute)
-    role = _role(recipe, layer, id(layer) in first, id(layer) in last)
+    """`layer`'s policy and reason from its parent, the recipe and the deny list (rules come after).
+
+    `planned` maps a layer's id to its (policy, reason), parents before children."""
+    inherited, parent_reason = planned.get(id(parent), (compute, ""))
+    role = _role(recipe, layer, parent, id(layer) in first, id(layer) in last)
+    if role == RNN_CELL_ROLE:
+        if inherited.startswith(MATMUL16_PREFIX):
+            if not _saves_its_cell(parent):  # LSTM, GRU, SimpleRNN build their cell with their dtype
+                return inherited, f"as its parent {parent.name!r}"
+            # A cell saved in its RNN's config: float32, not the RNN's Matmul16DTypePolicy, which
+            # Keras's `Operation.from_config` would turn into a name no policy parses. The rule
+            # applies inside the RNN.
+            return FLOAT32, RNN_CELL_INSIDE
+        if parent_reason.startswith(RNN_ROLE):  # the RNN kept its output dtype for its parent's code
+            return _role_policy(role, compute), role
+        role = None  # the RNN was decided otherwise (a rule, float32): its cell follows it
     kind = model_graph.op_kind(layer)
     if model_graph.is_graph(parent):
         # Keras casts between the layers of a graph (inputs are autocast, operator nodes promote),
@@ -182,7 +217,7 @@ def _decide(recipe, layer, parent, model, planned, first, last, compute) -> tupl
         if kind is not None:
             return FLOAT32, f"deny list: {kind}"
         if role is not None:
-            return FLOAT32, role
+            return _role_policy(role, compute), role
         return inherited, f"{recipe}: compute dtype" if parent is model else f"as its parent {parent.name!r}"
     # Called from a subclassed model's or a composite layer's own code, which may mix its output
     # with other tensors (TF adds no implicit casts: float32 + bfloat16 is an error), a layer keeps
@@ -194,9 +229,12 @@ def _decide(recipe, layer, parent, model, planned, first, last, compute) -> tupl
             f"deny list: {kind}, computed in float32 by keras_amp's op rules; keeps the policy of "
             f"{parent.name!r}, whose own code may not take a float32 output"
         )
-    if role is not None and inherited != FLOAT32:
-        if isinstance(layer, (keras.layers.RNN, keras.layers.Bidirectional)):
-            return FLOAT32, _RAISE + role
+    if role is not None and inherited != _role_policy(role, compute):
+        if role == RNN_ROLE:
+            return inherited, (
+                f"{role}: its output kept in {inherited} for {parent.name!r}'s own code; its cell "
+                "computes in float32"
+            )
         return inherited, f"{role}: not applied inside {parent.name!r}'s own code (output dtype kept)"
     return inherited, f"as its parent {parent.name!r}"
 
@@ -212,8 +250,8 @@ def _plan(model: Any, recipe: str, rules: Any) -> tuple[RecipePlan, list[tuple[A
         )
     compute = _compute_policy()
     first = model_graph.boundary(model, first=True) if recipe == "cnn" else set()
-    last = model_graph.boundary(model, first=False) if recipe in ("cnn", "rnn") else set()
-    planned: dict[int, str] = {id(model): compute}
+    last = model_graph.boundary(model, first=False) if recipe == "cnn" else set()
+    planned: dict[int, tuple[str, str]] = {id(model): (compute, "")}
     parent_of: dict[int, Any] = {}
     used: set[int] = set()
     out: list[tuple[Any, LayerPolicy]] = []
@@ -238,15 +276,7 @@ def _plan(model: Any, recipe: str, rules: Any) -> tuple[RecipePlan, list[tuple[A
                 if _matches(key, layer, path):
                     used.add(i)
                     policy, reason = rule_policy, f"rule {shown!r}"
-            if reason.startswith(_RAISE):
-                raise ValueError(
-                    f"apply_recipe({recipe!r}) cannot make layer {path!r} ({type(layer).__name__}) float32 "
-                    f"in place: it is called from {type(parent).__name__} {parent.name!r}'s own code, where "
-                    "its float32 output would meet 16-bit tensors. Build it as keras_amp.layers.LSTM / GRU "
-                    f"(float32 gates and state, output in the compute dtype), or pass rules={{{path!r}: "
-                    f"'float32'}} if {parent.name!r} casts its output."
-                )
-        planned[id(layer)] = policy
+        planned[id(layer)] = (policy, reason)
         out.append((layer, LayerPolicy(path, type(layer).__name__, policy, reason)))
     unused = [shown for i, (_, _, shown) in enumerate(checked_rules) if i not in used]
     if unused:
@@ -322,7 +352,7 @@ def apply_recipe(model: keras.Model, recipe: str, rules: Mapping[Any, Any] | Non
             continue
         try:
             old = layer.dtype_policy
-            layer.dtype_policy = entry.policy
+            layer.dtype_policy = policy_from_name(entry.policy)
             changed.append((layer, old))
             _refresh_build_time_state(layer)
         except Exception as e:  # a third-party layer may define dtype_policy without a setter

@@ -155,6 +155,7 @@ API = {
     "Float32": (amp_layers.Float32, lambda **kw: amp_layers.Float32(**{"layer": keras.layers.Dense(2), **kw})),
     "OutputHead": (amp_layers.OutputHead, _with(amp_layers.OutputHead, units=3)),
     "Logits": (amp_layers.Logits, _with(amp_layers.Logits, units=3)),
+    "Matmul16DTypePolicy": (keras_amp.Matmul16DTypePolicy, _with(keras_amp.Matmul16DTypePolicy)),
     # callbacks
     "LossScaleMonitor": (callbacks.LossScaleMonitor, _with(callbacks.LossScaleMonitor)),
     "GradientStatistics": (callbacks.GradientStatistics, _with(callbacks.GradientStatistics, probe=(X,))),
@@ -497,6 +498,9 @@ BAD = [
     ("Float32", "layer", "dense", TypeError),
     ("Float32", "output_dtype", "bogus", ValueError),
     ("Float32", "output_dtype", "int8", ValueError),
+    ("Matmul16DTypePolicy", "source_name", "float32", ValueError),  # a float32 policy has no 16-bit matmuls
+    ("Matmul16DTypePolicy", "source_name", "bfloat16", ValueError),  # variables would be 16-bit
+    ("Matmul16DTypePolicy", "source_name", keras.DTypePolicy("mixed_bfloat16"), TypeError),
     ("OutputHead", "units", 0, ValueError),
     ("OutputHead", "units", "3", ValueError),  # stock Dense's check, pinned by Keras's tests
     ("OutputHead", "activation", "bogus", ValueError),

@@ -59,6 +59,18 @@ def test_attention_and_recurrence_in_16_bits():
     out = amp_layers.LSTM(16, name="lstm")(amp_layers.GRU(16, return_sequences=True, name="gru")(x))
     report = check.check_model(keras.Model(inp, out))
     assert not report.of_kind("low_precision_softmax") and not report.of_kind("low_precision_recurrence")
+    # Fixed in place by the "rnn" recipe: float32 recurrences with 16-bit matmuls.
+    x = keras.layers.MultiHeadAttention(2, 8, dropout=0.1, name="mha")(inp, inp)
+    out = keras.layers.LSTM(16, name="lstm")(keras.layers.GRU(16, return_sequences=True, name="gru")(x))
+    model = keras_amp.apply_recipe(keras.Model(inp, out), "rnn")
+    assert not check.check_model(model).of_kind("low_precision_recurrence")
+    # In a model's own code the RNN keeps its 16-bit output and only its cell is float32: no finding.
+    gru = model.get_layer("gru")
+    gru.dtype_policy = "mixed_float16"
+    gru.cell.dtype_policy = keras_amp.Matmul16DTypePolicy("mixed_float16")
+    assert not check.check_model(model).of_kind("low_precision_recurrence")
+    gru.cell.dtype_policy = "mixed_float16"  # guard: a 16-bit cell is found again
+    assert [f.layer for f in check.check_model(model).of_kind("low_precision_recurrence")] == ["gru"]
     # A flash-attention MHA keeps the fused kernel (QK^T in float16) even under the op rules.
     op_rules.install("float16")
     flash = keras.layers.MultiHeadAttention(2, 8, flash_attention=True, name="flash")

@@ -61,6 +61,7 @@ _LSO = ("keras_amp.optimizers.loss_scale_optimizer",)
 _TRAINER_FIX = ("keras_amp.distribute.trainer_fix",)
 _OPS = ("keras_amp.op_rules.float32_ops",)
 _OP_ATTENTION = ("keras_amp.op_rules.attention",)
+_OP_MATMUL = ("keras_amp.op_rules.matmul",)
 _ATTENTION = ("keras_amp.layers.attention",)
 _RECURRENT = ("keras_amp.layers.recurrent",)
 _FLOAT32 = ("keras_amp.layers.float32",)
@@ -152,20 +153,25 @@ GUARDS = [
           "9eb60d0ed811e577", _OP_ATTENTION),
     Guard(f"{_K}.ops.numpy.Einsum.compute_output_spec", _O[f"{_K}.ops.numpy.Einsum.compute_output_spec"],
           "c3b23b632d2aafaa", _OP_ATTENTION),
+    # The matmul rule of Matmul16DTypePolicy layers (original), reading the same name-scope stack.
+    Guard(f"{_K}.backend.tensorflow.numpy.matmul", _O[f"{_K}.backend.tensorflow.numpy.matmul"],
+          "9f471e0ba26e3c20", _OP_MATMUL),
     Guard(f"{_K}.layers.layer.Layer.__call__", _O["keras.layers.Layer.__call__"], "4fb7e42e4ffd9b1a",
-          _OP_ATTENTION + _FLOAT32 + _ATTRIBUTION),
+          _OP_ATTENTION + _OP_MATMUL + _FLOAT32 + _ATTRIBUTION),
     Guard(f"{_K}.layers.layer.Layer._open_name_scope", _O["keras.layers.Layer._open_name_scope"],
-          "9197bac9543ef95a", _OP_ATTENTION),
+          "9197bac9543ef95a", _OP_ATTENTION + _OP_MATMUL),
     Guard(f"{_K}.backend.tensorflow.core.name_scope", _O[f"{_K}.backend.tensorflow.core.name_scope"],
-          "bff9a1de6e491b0d", _OP_ATTENTION),
+          "bff9a1de6e491b0d", _OP_ATTENTION + _OP_MATMUL),
     Guard(f"{_K}.backend.common.name_scope.name_scope", _O[f"{_K}.backend.common.name_scope.name_scope"],
-          "957dcd2ff7532ae8", _OP_ATTENTION),
+          "957dcd2ff7532ae8", _OP_ATTENTION + _OP_MATMUL),
     # Float32 islands: autocast of a layer's variables.
     Guard(f"{_K}.backend.common.variables.AutocastScope", variables.AutocastScope, "41c96933fcde87d4", _FLOAT32),
     Guard(f"{_K}.backend.common.variables.Variable._maybe_autocast", variables.Variable.__dict__["_maybe_autocast"],
           "1b42c967de4732d6", _FLOAT32),
     # Recurrent layers: the stock loop and gate code the float32-state cells copy or rely on.
-    Guard(f"{_K}.layers.rnn.rnn.RNN.call", rnn.RNN.__dict__["call"], "e580bb43258da9c3", _RECURRENT),
+    # RNN.call: copied by keras_amp.layers.recurrent; relied on by the "rnn" recipe in a model's own
+    # code (states cast to the cell's compute dtype into the loop, outputs to the RNN's after it).
+    Guard(f"{_K}.layers.rnn.rnn.RNN.call", rnn.RNN.__dict__["call"], "e580bb43258da9c3", _RECURRENT + _RECIPES),
     Guard(f"{_K}.layers.rnn.rnn.RNN.inner_loop", rnn.RNN.__dict__["inner_loop"], "95624f67dd86cc32", _RECURRENT),
     Guard(f"{_K}.layers.rnn.lstm.LSTM.__init__", lstm.LSTM.__dict__["__init__"], "74003dee042b8d6a", _RECURRENT),
     Guard(f"{_K}.layers.rnn.lstm.LSTM.inner_loop", lstm.LSTM.__dict__["inner_loop"], "8dc385b0e14a252e",

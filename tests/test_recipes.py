@@ -14,7 +14,7 @@ from keras_amp import model_graph, recipes
 MIXED = ["mixed_float16", "mixed_bfloat16"]
 # This CPU has no fast float16; enable() says so. The numerics, not the speed, are under test here.
 pytestmark = pytest.mark.filterwarnings("ignore:mixed_.* requested:keras_amp.AmpWarning")
-RNN_ROLE = "rnn: recurrence (gates, cell state and recurrent matmuls)"
+RNN_ROLE = recipes.RNN_ROLE
 
 
 def resnet_cnn():
@@ -73,7 +73,8 @@ def expected(recipe, compute):
             "embed": compute, "mha": compute, "add_1": compute, "ln_1": f32, "ffn_1": compute,
             "ffn_2": compute, "add_2": compute, "ln_2": f32, "pool": compute, "head": compute,
         },
-        "rnn": {"lstm": f32, "gru": f32, "per_step": f32},
+        # Recurrences float32 with 16-bit matmuls; the output layer as the transformer's head.
+        "rnn": {"lstm": f"matmul16_from_{compute}", "gru": f"matmul16_from_{compute}", "per_step": compute},
     }[recipe]
 
 
@@ -98,14 +99,18 @@ def test_policies_are_exactly_the_recipes_and_set_in_place(recipe, policy):
     assert [(p, id(l)) for p, l in model_graph.walk(model)] == [(p, id(l)) for p, l in layers_before]
     # Sublayers follow their parent: attention projections and its own softmax sublayer (whose
     # output MultiHeadAttention's code uses as it is; the op rules compute it in float32) in the
-    # compute dtype, RNN cells float32 with their RNN.
+    # compute dtype, RNN cells float32 inside their Matmul16DTypePolicy RNN.
     if recipe == "transformer":
         assert model.get_layer("mha")._query_dense.dtype_policy.name == policy
         assert plan.policies()["mha/softmax"] == policy
         assert {e.path: e.reason for e in plan.layers}["mha/softmax"].startswith("deny list: softmax, computed in float32 by keras_amp's op rules")
     if recipe == "rnn":
-        assert model.get_layer("lstm").cell.dtype_policy.name == "float32"
-        assert {e.path: e.reason for e in plan.layers}["lstm"] == RNN_ROLE
+        lstm = model.get_layer("lstm")
+        assert isinstance(lstm.dtype_policy, keras_amp.Matmul16DTypePolicy)
+        assert (lstm.compute_dtype, lstm.dtype_policy.matmul_dtype) == ("float32", policy[len("mixed_"):])
+        assert lstm.cell.dtype_policy == lstm.dtype_policy  # as LSTM builds it (and reloads it)
+        reasons = {e.path: e.reason for e in plan.layers}
+        assert reasons["lstm"] == RNN_ROLE and reasons["lstm/lstm_cell"] == "as its parent 'lstm'"
 
 
 @pytest.mark.parametrize("recipe", ["cnn", "transformer", "rnn"])
@@ -150,10 +155,8 @@ def test_keras_computes_with_the_new_policies_on_a_model_built_before_enable(rec
     reference = _rebuilt_with(plan, BUILDERS[recipe])
     reference.set_weights(model.get_weights())
     np.testing.assert_array_equal(ours, np.asarray(reference.predict(x, verbose=0), np.float64))
-    if recipe != "rnn":  # guard: the 16-bit layers really compute in float16 now
-        assert np.abs(ours - float32_out).max() > 0
-    else:  # every rnn layer is float32 by the recipe: float32 numbers exactly
-        np.testing.assert_allclose(ours, float32_out, rtol=1e-6, atol=1e-6)
+    # Guard: the 16-bit layers (and the rnn recipe's 16-bit matmuls) really compute in float16 now.
+    assert np.abs(ours - float32_out).max() > 0
 
 
 def test_next_fit_traces_anew():
@@ -267,26 +270,28 @@ class Tagger(keras.Model):
         return self.tags(self.lstm(h) + h)  # raw code: a float32 LSTM output would meet bfloat16 h
 
 
-def test_rnn_in_a_subclassed_model_is_an_error_naming_the_layer_unless_a_rule_decides():
+def test_rnn_in_a_subclassed_model_keeps_its_output_dtype_and_its_cell_gets_the_role():
     keras_amp.enable("mixed_bfloat16")
     model = Tagger(name="tagger")
     tokens = np.arange(12, dtype="int32").reshape(2, 6)
     model(tokens)
-    with pytest.raises(ValueError, match=re.escape("cannot make layer 'lstm' (LSTM) float32 in place")) as info:
-        recipes.apply_recipe(model, "rnn")
-    assert "keras_amp.layers.LSTM" in str(info.value) and "rules={'lstm': 'float32'}" in str(info.value)
-    assert model.lstm.dtype_policy.name == "mixed_bfloat16"  # nothing changed
-    # Guard: the error is real: a float32 LSTM here breaks the model's own `+`.
+    # Guard: a float32 LSTM output here breaks the model's own `+`.
     model.lstm.dtype_policy = "float32"
-    model.lstm.cell.dtype_policy = "float32"
     with pytest.raises(Exception, match="bfloat16|float"):
         model(tokens)
-    model.lstm.dtype_policy = model.lstm.cell.dtype_policy = "mixed_bfloat16"
-    recipes.apply_recipe(model, "rnn", rules={"lstm": "mixed_bfloat16"})  # decided by a rule: no error
-    # The recipe's float32 output layer is not applied inside the model's own code either.
-    reason = {e.path: e.reason for e in recipes.plan_recipe(model, "rnn", rules={"lstm": "mixed_bfloat16"}).layers}["tags"]
-    assert reason == "rnn: sequence output layer: not applied inside 'tagger''s own code (output dtype kept)"
-    assert np.all(np.isfinite(keras.ops.convert_to_numpy(keras.ops.cast(model(tokens), "float32"))))
+    model.lstm.dtype_policy = "mixed_bfloat16"
+    plan = recipes.plan_recipe(model, "rnn")
+    reasons = {e.path: (e.policy, e.reason) for e in plan.layers}
+    assert reasons["lstm"] == (
+        "mixed_bfloat16",
+        f"{RNN_ROLE}: its output kept in mixed_bfloat16 for 'tagger''s own code; its cell computes in float32",
+    )
+    assert reasons["lstm/lstm_cell"] == ("matmul16_from_mixed_bfloat16", recipes.RNN_CELL_ROLE)
+    recipes.apply_recipe(model, "rnn")
+    out = model(tokens)
+    assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
+    assert np.all(np.isfinite(keras.ops.convert_to_numpy(keras.ops.cast(out, "float32"))))
+    assert model.lstm.cell.compute_dtype == "float32"
 
 
 class NoConfig(keras.layers.Layer):
@@ -499,10 +504,40 @@ def test_rnn_recipe_reaches_inside_bidirectional_and_time_distributed():
     assert model.get_layer("bi").forward_layer.cell.compute_dtype == "bfloat16"
     recipes.apply_recipe(model, "rnn")
     bi, head = model.get_layer("bi"), model.get_layer("per_step")
-    inner = [bi.forward_layer, bi.backward_layer, bi.forward_layer.cell, bi.backward_layer.cell, head.layer]
-    assert [l.dtype_policy.name for l in inner] == ["float32"] * 5
+    inner = [bi, bi.forward_layer, bi.backward_layer, bi.forward_layer.cell, bi.backward_layer.cell]
+    assert [l.dtype_policy.name for l in inner] == ["matmul16_from_mixed_bfloat16"] * 5
+    assert head.layer.dtype_policy.name == "mixed_bfloat16"  # the output layer: compute dtype
     x = np.random.default_rng(0).normal(size=(2, 6, 4)).astype("float32")
-    assert keras.backend.standardize_dtype(model(x).dtype) == "float32"
+    assert keras.backend.standardize_dtype(bi(x).dtype) == "float32"
+    assert keras.backend.standardize_dtype(model(x).dtype) == "bfloat16"
+
+
+def test_rnn_recipe_model_round_trips_through_keras_file(tmp_path):
+    # Keras's Operation.from_config turns a policy into its name: the recipe's policies must be
+    # ones that load (Matmul16DTypePolicy on RNN layers, whose from_config keeps it; cells float32).
+    keras_amp.enable("mixed_bfloat16")
+    inp = keras.Input((6, 4))
+    h = keras.layers.RNN(keras.layers.LSTMCell(8), return_sequences=True, name="generic")(inp)
+    h = keras.layers.Bidirectional(keras.layers.RNN(keras.layers.GRUCell(4), return_sequences=True), name="bi")(h)
+    h = keras.layers.SimpleRNN(4, return_sequences=True, name="simple")(h)
+    model = recipes.apply_recipe(keras.Model(inp, keras.layers.Dense(2, name="head")(h)), "rnn")
+    model.save(tmp_path / "rnn.keras")
+    loaded = keras.saving.load_model(tmp_path / "rnn.keras")
+    policies = lambda m: {p: l.dtype_policy.name for p, l in model_graph.walk(m)}  # noqa: E731
+    assert policies(loaded) == policies(model)
+    assert policies(model)["generic"] == "matmul16_from_mixed_bfloat16"
+    assert policies(model)["generic/lstm_cell"] == "float32"  # saved in its RNN's config
+    assert policies(model)["simple/simple_rnn_cell"] == "matmul16_from_mixed_bfloat16"  # rebuilt by it
+    x = _data("rnn", n=2)[0]
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
+def test_a_rule_on_an_rnn_decides_its_cell_too():
+    keras_amp.enable("mixed_bfloat16")
+    plan = recipes.plan_recipe(lstm_model(), "rnn", rules={"lstm": "mixed_bfloat16", "gru": "float32"})
+    policies = plan.policies()
+    assert (policies["lstm"], policies["lstm/lstm_cell"]) == ("mixed_bfloat16", "mixed_bfloat16")
+    assert (policies["gru"], policies["gru/gru_cell"]) == ("float32", "float32")
 
 
 def test_recipe_model_round_trips_through_keras_file(tmp_path):

@@ -8,6 +8,9 @@ from typing import Iterator
 import keras
 
 from keras_amp import model_graph
+from keras_amp.op_rules.matmul import Matmul16DTypePolicy, policy_from_name
+
+FLOAT32 = "float32"
 
 
 def layers_by_path(model: keras.Model) -> dict[str, keras.layers.Layer]:
@@ -35,8 +38,23 @@ def set_policies(model: keras.Model, policies: dict[str, str]) -> None:
         )
     for path, name in policies.items():
         if layers[path].dtype_policy.name != name:
-            layers[path].dtype_policy = keras.DTypePolicy(name)
+            layers[path].dtype_policy = policy_from_name(name)
     reset_functions(model)
+
+
+def float32_policies(model: keras.Model, paths) -> dict[str, str]:
+    """{path: "float32"} for `paths`, and for every layer above or below one of them whose policy
+    is a `Matmul16DTypePolicy`: that policy's matmuls reach the layers inside it (an RNN's float32
+    cell), so a layer there is only float32 once the whole recurrence is."""
+    layers = layers_by_path(model)
+    out = {}
+    for path in paths:
+        out[path] = FLOAT32
+        for other, layer in layers.items():
+            related = path.startswith(other + "/") or other.startswith(path + "/")
+            if related and isinstance(layer.dtype_policy, Matmul16DTypePolicy):
+                out[other] = FLOAT32
+    return out
 
 
 def reset_functions(model: keras.Model) -> None:

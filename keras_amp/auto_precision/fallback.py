@@ -151,7 +151,8 @@ class Float32Fallback(keras.callbacks.Callback):
     def _move(self, path: str, reason: str, evidence: str) -> None:
         layers = _policies.layers_by_path(self.model)
         layer = layers.get(path)
-        if layer is None or layer.dtype_policy.name == FLOAT32:
+        wanted = {} if layer is None else _policies.float32_policies(self.model, [path])
+        if all(layers[p].dtype_policy.name == FLOAT32 for p in wanted):
             self._give_up(f"the locator names {path!r}, which is already float32 or not a layer this model can "
                           f"move; evidence: {evidence}")
             return
@@ -159,7 +160,7 @@ class Float32Fallback(keras.callbacks.Callback):
             self._give_up(f"{len(self.decisions)} layer(s) already moved to float32 (max_layers={self.max_layers}); "
                           f"next candidate {path!r}: {evidence}")
             return
-        _policies.set_policies(self.model, {path: FLOAT32})
+        _policies.set_policies(self.model, wanted)
         self.model.make_train_function(force=True)
         self._loss_blocked = True
         decision = FallbackDecision(path, self._step, reason, evidence)

@@ -96,7 +96,9 @@ class ProgressivePrecision(keras.callbacks.Callback):
                 f"ProgressivePrecision: schedule[{at}] names no layer of model {self.model.name!r}: {missing}. "
                 f"Layer paths: {list(layers)[:8]}..."
             )
-        changed = tuple(p for p in hits if layers[p].dtype_policy.name != FLOAT32)
+        # With the Matmul16DTypePolicy recurrence a named layer sits in or contains (its matmuls).
+        wanted = _policies.float32_policies(self.model, hits)
+        changed = tuple(p for p in wanted if layers[p].dtype_policy.name != FLOAT32)
         if not changed:
             return
         _policies.set_policies(self.model, {p: FLOAT32 for p in changed})

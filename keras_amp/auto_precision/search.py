@@ -93,7 +93,7 @@ class SearchResult:
 
     def apply(self, model: keras.Model) -> keras.Model:
         """Sets the chosen layers of `model` to float32 in place; returns `model`."""
-        _policies.set_policies(model, {path: FLOAT32 for path in self.float32_layers})
+        _policies.set_policies(model, _policies.float32_policies(model, self.float32_layers))
         return model
 
     def __str__(self) -> str:

@@ -122,10 +122,14 @@ def _op_finding(path: str, layer) -> Finding | None:
             "keras_amp.layers.MultiHeadAttention",
         )
     if isinstance(layer, keras.layers.RNN):
+        cell_dtype = getattr(getattr(layer, "cell", None), "compute_dtype", dtype)
+        if cell_dtype not in LOW_PRECISION:
+            return None  # a float32 cell (the "rnn" recipe inside a model's own code): gates and state float32
         return Finding(
             "low_precision_recurrence", path,
             f"{name} computes its gates and carries its state in {dtype}; the state rounds at every step",
-            "use keras_amp.layers.LSTM / GRU (apply_recipe(model, 'rnn') swaps them in), or dtype='float32'",
+            "apply_recipe(model, 'rnn') (stock RNNs then keep gates and state in float32 with 16-bit "
+            "matmuls), keras_amp.layers.LSTM / GRU, or dtype='float32'",
         )
     kind = model_graph.op_kind(layer)
     if kind == "softmax" and op_rules.rule_installed("softmax") and op_rules.rule_installed("log_softmax"):

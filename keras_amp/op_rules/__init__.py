@@ -9,10 +9,12 @@ Modules:
     table: the rules (`RULES`), the pinned Keras sources, what no rule reaches.
     float32_ops: float32 replacements of single ops (softmax, normalisation, gelu, losses).
     attention: float32 attention scores (MultiHeadAttention, and the QK^T einsum of other layers).
+    matmul: `Matmul16DTypePolicy` (float32 layers with 16-bit matmuls) and its matmul rule.
     installer: replacing and restoring the Keras objects, driven by `keras_amp.enable()`.
 """
 
 from keras_amp.op_rules.attention import scores_caller
+from keras_amp.op_rules.matmul import Matmul16DTypePolicy
 from keras_amp.op_rules.installer import (
     ORIGINALS,
     install,
@@ -29,6 +31,7 @@ from keras_amp.op_rules.table import (
     FLOAT16,
     HAZARD_DTYPES,
     LOW_PRECISION,
+    MATMUL16_OP,
     NOT_REACHED,
     ORIGINAL_DIGESTS,
     RULES,
@@ -44,6 +47,8 @@ __all__ = [
     "FLOAT16",
     "HAZARD_DTYPES",
     "LOW_PRECISION",
+    "MATMUL16_OP",
+    "Matmul16DTypePolicy",
     "NOT_REACHED",
     "ORIGINALS",
     "ORIGINAL_DIGESTS",

@@ -15,10 +15,10 @@ from typing import Any, Callable
 
 import keras
 import tensorflow as tf
-from keras.src.backend.common import global_state
 
 from keras_amp.layers import attention as amp_attention
 from keras_amp.op_rules.float32_ops import is_16bit
+from keras_amp.op_rules.matmul import innermost_caller
 
 _MHA = keras.layers.MultiHeadAttention
 
@@ -63,8 +63,7 @@ def scores_caller(subscripts: Any) -> keras.layers.Layer | None:
     `call` inside `name_scope(self.name, caller=self)`), when it has `_dot_product_equation ==
     subscripts` and is not a `keras.layers.MultiHeadAttention` (whose own rule covers it).
     """
-    stack = global_state.get_global_attribute("name_scope_stack")
-    caller = next((e.caller for e in reversed(stack or ()) if getattr(e, "caller", None) is not None), None)
+    caller = innermost_caller()
     if caller is None or isinstance(caller, _MHA):
         return None
     equation = getattr(caller, "_dot_product_equation", None)

@@ -41,9 +41,11 @@ from keras_amp.op_rules.float32_ops import (
     float32_loss_spec,
     float32_softmax,
 )
+from keras_amp.op_rules.matmul import matmul16
 from keras_amp.op_rules.table import (
     EINSUM,
     EINSUM_SPEC,
+    MATMUL,
     LOW_PRECISION,
     ORIGINAL_DIGESTS,
     RELIED_ON,
@@ -84,6 +86,7 @@ _TARGETS: dict[str, tuple[Any, str, Callable | None]] = {
         ops_nn.BinaryCrossentropy, "compute_output_spec", float32_loss_spec),
     EINSUM: (tf_numpy, "einsum", float32_scores_einsum),
     EINSUM_SPEC: (ops_numpy.Einsum, "compute_output_spec", float32_scores_einsum_spec),
+    MATMUL: (tf_numpy, "matmul", matmul16),
     "keras.layers.Layer.__call__": (keras.layers.Layer, "__call__", None),
     "keras.layers.Layer._open_name_scope": (keras.layers.Layer, "_open_name_scope", None),
     "keras.src.backend.tensorflow.core.name_scope": (tf_core, "name_scope", None),

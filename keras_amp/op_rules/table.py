@@ -47,7 +47,8 @@ class Rule:
         runs_in: String. "float32", "compute dtype" or "widest input".
         output: String. The result's dtype: "input dtype", "float32", "compute dtype", "widest".
         dtypes: Tuple of strings. The 16-bit compute dtypes the rule is for (where the op is a
-            hazard); empty when it is not one.
+            hazard; for a rule of kind "" that fixes no hazard, the compute dtypes it is
+            installed under); empty when it is neither.
         by: String. "keras_amp" (replaced while enabled), "keras" (Keras 3.15.1 already does
             it) or "none" (left alone on purpose).
         targets: Tuple of strings. Qualified names of the Keras objects replaced while enabled.
@@ -67,6 +68,8 @@ class Rule:
 TF_NN = "keras.src.backend.tensorflow.nn"
 EINSUM = "keras.src.backend.tensorflow.numpy.einsum"
 EINSUM_SPEC = "keras.src.ops.numpy.Einsum.compute_output_spec"
+MATMUL = "keras.src.backend.tensorflow.numpy.matmul"
+MATMUL16_OP = "matmul in a layer with a Matmul16DTypePolicy (the \"rnn\" recipe's recurrences)"
 ATTENTION_OP = "MultiHeadAttention scores (QK^T, scale, mask, softmax)"
 SCORES_EINSUM_OP = "einsum(layer._dot_product_equation, ...) in other attention layers"
 RULES: tuple[Rule, ...] = (
@@ -93,6 +96,12 @@ RULES: tuple[Rule, ...] = (
          "keep float16's overflow. In those keras-hub 0.32 layers the scale, mask and softmax "
          "follow (float32 by promotion / a float32 Softmax layer) and the probabilities are cast "
          "to the compute dtype before the value einsum: no other matmul changes dtype"),
+    Rule(MATMUL16_OP, "", "compute dtype", "float32", BOTH, "keras_amp", (MATMUL,),
+         "a float32 layer (gates, nonlinearities, carried state, bias and output in float32) whose "
+         "matmuls take 16-bit operands: cast(matmul(cast(a), cast(b)), float32), float32 "
+         "accumulation, one rounding; the input and recurrent projections are an RNN's cost, its "
+         "gates and state its hazard. Only when the innermost calling layer has the policy; every "
+         "other matmul is the original"),
     Rule("batch_normalization", "normalization", "float32", "input dtype", BOTH, "keras_amp",
          (f"{TF_NN}.batch_normalization",),
          "x*inv - mean*inv cancels catastrophically in 16 bits when |mean| >> std; float32 "
@@ -156,6 +165,7 @@ ORIGINAL_DIGESTS = {
     "keras.src.ops.nn.BinaryCrossentropy.compute_output_spec": "4dd48a4bb5ef1272",
     EINSUM: "9eb60d0ed811e577",
     EINSUM_SPEC: "c3b23b632d2aafaa",
+    MATMUL: "9f471e0ba26e3c20",
     # Relied on by the scores-einsum rule: `Layer.__call__` calls `call` inside
     # `_open_name_scope()`, which enters `backend.name_scope(self.name, caller=self)`; the
     # TensorFlow backend's name_scope (and its common base) push the entry, `.caller` included,
@@ -175,6 +185,7 @@ RELIED_ON = {
     "keras.layers.MultiHeadAttention._compute_attention": ("keras.layers.MultiHeadAttention.call",),
     EINSUM: _NAME_SCOPE_STACK,
     EINSUM_SPEC: _NAME_SCOPE_STACK,
+    MATMUL: _NAME_SCOPE_STACK,
 }
 
 # What no op-level rule reaches (README "what op-level rules cannot reach").
@@ -190,8 +201,10 @@ NOT_REACHED = (
     "(the caller on the name-scope stack is then not the attention layer), and MultiHeadAttention "
     "subclasses that override `_compute_attention`; their softmax, if it goes through "
     "`keras.ops.softmax` or a Keras Softmax layer, is still float32, their QK^T is not",
-    "LSTM/GRU gate and state precision: the recurrence runs in the cell's compute dtype "
-    "(`keras_amp.layers.LSTM` / `GRU` keep it float32)",
+    "LSTM/GRU gate and state precision in a cell with a 16-bit policy: the recurrence runs in "
+    "the cell's compute dtype (the \"rnn\" recipe's `Matmul16DTypePolicy` and "
+    "`keras_amp.layers.LSTM` / `GRU` keep it float32); matmuls written as einsum or convolutions "
+    "in a `Matmul16DTypePolicy` layer stay float32",
     "code that casts for itself: a rule sees the dtype it is given, so a value already rounded "
     "(or overflowed) to 16 bits before the op stays rounded; a float32 input stays float32",
     "results whose range is the hazard (exp(x > 11.09), a sum above 65504 in float16): the "

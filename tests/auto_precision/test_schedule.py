@@ -86,3 +86,32 @@ def test_unknown_layer_fails_loudly():
     with pytest.raises(ValueError, match="names no layer"):
         model.fit(X, Y, batch_size=16, epochs=1, verbose=0,
                   callbacks=[ProgressivePrecision({0: ["no_such_layer"]})])
+
+
+def test_moving_an_rnn_cell_to_float32_moves_its_matmul16_recurrence_too():
+    # The "rnn" recipe gives a generic RNN a Matmul16DTypePolicy and leaves its cell float32 (the
+    # matmul rule reads the RNN's policy): a cell moved to float32 alone would keep 16-bit matmuls.
+    import keras_amp
+
+    keras_amp.enable("mixed_bfloat16")
+    inp = keras.Input((6, 4))
+    h = keras.layers.RNN(keras.layers.LSTMCell(8), return_sequences=True, name="rnn")(inp)
+    model = keras_amp.apply_recipe(keras.Model(inp, keras.layers.Dense(1, name="out")(h)), "rnn")
+    x = np.random.default_rng(0).normal(size=(2, 6, 4)).astype("float32")
+    model.compile(keras.optimizers.SGD(1e-3), "mse")
+    before = np.asarray(model(x), np.float64)
+    reference = keras.layers.RNN(keras.layers.LSTMCell(8, dtype="float32"), return_sequences=True, dtype="float32")
+    reference.build((None, 6, 4))
+    reference.set_weights(model.get_layer("rnn").get_weights())
+    float32_out = np.asarray(reference(x), np.float64)  # no Matmul16 policy: float32 matmuls
+    recurrent = lambda: np.asarray(model.get_layer("rnn")(x), np.float64)  # noqa: E731
+    assert np.abs(recurrent() - float32_out).max() > 1e-5  # guard: 16-bit matmuls before the move
+    assert model.get_layer("rnn").cell.dtype_policy.name == "float32"
+    schedule = ProgressivePrecision({0: ["rnn/lstm_cell"]}, unit="step")
+    schedule.set_model(model)
+    schedule.on_train_begin()
+    schedule.on_train_batch_begin(0)
+    assert model.get_layer("rnn").dtype_policy.name == "float32"  # moved with its cell
+    assert schedule.changes[0].layers == ("rnn",)  # the layer whose policy changed
+    np.testing.assert_allclose(recurrent(), float32_out, rtol=1e-6, atol=1e-6)  # float32 matmuls now
+    assert np.abs(np.asarray(model(x), np.float64) - before).max() > 0

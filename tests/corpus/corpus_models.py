@@ -188,6 +188,80 @@ def _tag_data():
     return tokens, (tokens % CLASSES).astype("int32")
 
 
+def _imdb_bilstm():
+    # keras.io/examples/nlp/bidirectional_lstm_imdb, scaled down: stacked Bidirectional LSTMs and
+    # a sigmoid head.
+    inputs = keras.Input(shape=(None,), dtype="int32")
+    x = keras.layers.Embedding(VOCAB, 16)(inputs)
+    x = keras.layers.Bidirectional(keras.layers.LSTM(8, return_sequences=True))(x)
+    x = keras.layers.Bidirectional(keras.layers.LSTM(8))(x)
+    outputs = keras.layers.Dense(1, activation="sigmoid")(x)
+    return keras.Model(inputs, outputs)
+
+
+def _imdb_data():
+    tokens, _ = _tokens()
+    return tokens, (tokens.sum(axis=1, keepdims=True) % 2).astype("float32")
+
+
+def _binary_probs():
+    return keras.losses.BinaryCrossentropy()
+
+
+CHARS = 8
+
+
+def _lstm_seq2seq():
+    # keras.io/examples/nlp/lstm_seq2seq, scaled down: the encoder's returned [h, c] states are the
+    # decoder LSTM's initial state; a softmax Dense over the characters.
+    encoder_inputs = keras.Input(shape=(None, CHARS))
+    encoder = keras.layers.LSTM(16, return_state=True)
+    encoder_outputs, state_h, state_c = encoder(encoder_inputs)
+    encoder_states = [state_h, state_c]
+    decoder_inputs = keras.Input(shape=(None, CHARS))
+    decoder_lstm = keras.layers.LSTM(16, return_sequences=True, return_state=True)
+    decoder_outputs, _, _ = decoder_lstm(decoder_inputs, initial_state=encoder_states)
+    decoder_dense = keras.layers.Dense(CHARS, activation="softmax")
+    decoder_outputs = decoder_dense(decoder_outputs)
+    return keras.Model([encoder_inputs, decoder_inputs], decoder_outputs)
+
+
+def _seq2seq_data():
+    rng = np.random.default_rng(0)
+    source, target = rng.integers(0, CHARS, (2, BATCH, SEQ))
+    one_hot = np.eye(CHARS, dtype="float32")
+    return [one_hot[source], one_hot[target]], one_hot[np.roll(target, -1, axis=1)]
+
+
+def _categorical_probs():
+    return keras.losses.CategoricalCrossentropy()
+
+
+@keras.saving.register_keras_serializable(package="keras_amp_corpus")
+class GRUTagger(keras.Model):
+    """A subclassed tagger whose own code adds the GRU's output to its input (a residual)."""
+
+    def __init__(self, vocabulary_size=VOCAB, hidden_dim=16, **kwargs):
+        super().__init__(**kwargs)
+        self.vocabulary_size, self.hidden_dim = vocabulary_size, hidden_dim
+        self.embed = keras.layers.Embedding(vocabulary_size, hidden_dim, name="embed")
+        self.gru = keras.layers.GRU(hidden_dim, return_sequences=True, name="gru")
+        self.tags = keras.layers.Dense(CLASSES, name="tags")
+
+    def call(self, tokens):
+        h = self.embed(tokens)
+        return self.tags(h + self.gru(h))
+
+    def get_config(self):
+        return {**super().get_config(), "vocabulary_size": self.vocabulary_size, "hidden_dim": self.hidden_dim}
+
+
+def _subclassed_gru_tagger():
+    model = GRUTagger(name="subclassed_gru_tagger")
+    model(np.zeros((1, SEQ), "int32"))
+    return model
+
+
 CASES = (
     Case("resnet50v2", "cnn", _application(keras.applications.ResNet50V2), _images, _sparse_probs),
     Case("mobilenetv3small", "cnn", _application(keras.applications.MobileNetV3Small), _images, _sparse_probs),
@@ -200,4 +274,7 @@ CASES = (
     Case("subclassed_transformer", "transformer", _subclassed_transformer, _tokens, _sparse_logits),
     Case("functional_transformer", "transformer", _functional_transformer, _tokens, _sparse_logits),
     Case("bilstm_tagger", "rnn", _bilstm_tagger, _tag_data, _sparse_logits),
+    Case("imdb_bilstm", "rnn", _imdb_bilstm, _imdb_data, _binary_probs),
+    Case("lstm_seq2seq", "rnn", _lstm_seq2seq, _seq2seq_data, _categorical_probs),
+    Case("subclassed_gru_tagger", "rnn", _subclassed_gru_tagger, _tag_data, _sparse_logits),
 )

@@ -6,9 +6,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import keras_amp
 from keras_amp.layers import GRU, LSTM
 from tests.helpers import MIXED, np64, sigmoid, u
 
+# enable("mixed_float16") warns that this CPU has no fast float16: numerics, not speed, are under test.
+pytestmark = pytest.mark.filterwarnings("ignore:mixed_.* requested:keras_amp.AmpWarning")
 UNITS = 4
 T = 150
 
@@ -203,3 +206,111 @@ def test_one_cell_tracked_and_generic_loop(cls):
     stock.build((2, 5, 3))
     assert len(layer.weights) == len(stock.weights) == 3
     assert layer.use_cudnn is False  # the stock layer then skips its cuDNN attempt
+
+
+# --- the "rnn" recipe on stock LSTM/GRU, in place (Matmul16DTypePolicy + the matmul rule) ---------
+
+
+def _stock_model(cls, **kwargs):
+    """A functional model around a stock layer built as `_make` builds it (weights included)."""
+    inp = keras.Input((None, 3))
+    layer = _make(cls, **kwargs)
+    return keras.Model(inp, layer(inp)), layer
+
+
+def _recipe_model(cls, p, **kwargs):
+    keras_amp.enable(p)
+    model, layer = _stock_model(cls, **kwargs)
+    keras_amp.apply_recipe(model, "rnn")
+    assert isinstance(layer.dtype_policy, keras_amp.Matmul16DTypePolicy)
+    assert layer.cell.dtype_policy == layer.dtype_policy
+    return model, layer
+
+
+@pytest.mark.parametrize("p", MIXED, ids=lambda p: p)
+def test_rnn_recipe_on_stock_lstm_holds_the_cell_state(p):
+    x = _inputs()
+    keras.config.set_dtype_policy(p)
+    stock_model, stock = _stock_model(keras.layers.LSTM)  # stock under the mixed policy
+    ref_c = ref_lstm(np64(x), stock.cell)[2]
+    model, layer = _recipe_model(keras.layers.LSTM, p)
+    model.set_weights(stock_model.get_weights())
+    rel = lambda c: np.max(np.abs(np64(c) - ref_c) / np.abs(ref_c))  # noqa: E731
+    _, h, c = model(x)
+    assert keras.backend.standardize_dtype(c.dtype) == "float32"
+    assert rel(stock_model(x)[2]) > 10 * _tol(p)  # stock: 1.6e-2 (float16), 0.18 (bfloat16)
+    assert rel(c) < _tol(p), rel(c)  # as keras_amp.layers.LSTM: matmuls 16-bit, the rest float32
+    # Guard: the matmuls really ran in 16 bits (a float32 LSTM would be within 2e-6).
+    keras_amp.disable()
+    keras.config.set_dtype_policy("float32")
+    assert rel(model(x)[2]) < 2e-6  # without the op rules the layer is a plain float32 LSTM
+    assert np.abs(np64(model(x)[1]) - np64(h)).max() > 0
+
+
+@pytest.mark.parametrize("p", MIXED, ids=lambda p: p)
+def test_rnn_recipe_on_stock_gru_holds_the_state(p):
+    x = _inputs()
+    keras.config.set_dtype_policy(p)
+    stock_model, stock = _stock_model(keras.layers.GRU)
+    ref_h = ref_gru(np64(x), stock.cell)[1]
+    model, _ = _recipe_model(keras.layers.GRU, p)
+    model.set_weights(stock_model.get_weights())
+    stock_err = np.max(np.abs(np64(stock_model(x)[1]) - ref_h))
+    ours_err = np.max(np.abs(np64(model(x)[1]) - ref_h))
+    assert stock_err > 4 * _tol(p), stock_err
+    assert ours_err < _tol(p), ours_err
+
+
+@pytest.mark.parametrize("cls", [keras.layers.LSTM, keras.layers.GRU], ids=["LSTM", "GRU"])
+def test_rnn_recipe_gradients_match_float32(mixed_policy, cls):
+    x = tf.constant(_inputs()[:, :30])
+    keras.config.set_dtype_policy("float32")
+    float32_model, _ = _stock_model(cls)
+    model, _ = _recipe_model(cls, mixed_policy)
+    model.set_weights(float32_model.get_weights())
+    grads = []
+    for m in (float32_model, model):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.cast(m(x)[-1], "float32"))
+        grads.append(tape.gradient(loss, m.trainable_variables))
+    for g32, gm in zip(*grads):
+        scale = np.abs(np64(g32)).max()
+        assert gm.dtype == "float32"
+        # Backward matmuls in the 16-bit dtype (as keras_amp.layers.LSTM / GRU).
+        np.testing.assert_allclose(np64(gm), np64(g32), atol=8 * u(mixed_policy) * scale)
+
+
+@pytest.mark.parametrize("cls", [keras.layers.LSTM, keras.layers.GRU], ids=["LSTM", "GRU"])
+def test_rnn_recipe_with_dropout_and_stateful_runs(mixed_policy, cls):
+    # Dropout masks are made from the 16-bit step input and multiply float32 inputs.
+    model, layer = _recipe_model(cls, mixed_policy, dropout=0.2, recurrent_dropout=0.2, seed=3)
+    x = _inputs()[:, :10]
+    outs = [np64(o) for o in model(x, training=True)]
+    assert all(np.all(np.isfinite(o)) for o in outs)
+    assert np.abs(outs[0] - np64(model(x, training=False)[0])).max() > 1e-4  # guard: dropout applied
+    keras.backend.clear_session()
+    whole, _ = _recipe_model(cls, mixed_policy)
+    stateful_model, _ = _recipe_model(cls, mixed_policy, stateful=True)
+    stateful_model.set_weights(whole.get_weights())
+    x = _inputs()[:, :40]
+    expected = whole(x)[-1]
+    stateful_model(x[:, :20])
+    # The layer is float32: its states, returned and kept, are float32 between calls too.
+    np.testing.assert_allclose(np64(stateful_model(x[:, 20:])[-1]), np64(expected), rtol=1e-6, atol=1e-6)
+
+
+def test_rnn_recipe_on_a_generic_rnn_runs_its_float32_cell_with_16bit_matmuls():
+    # RNN(LSTMCell): the cell (saved in the RNN's config) stays float32 and the matmul rule reads
+    # the enclosing RNN's Matmul16DTypePolicy.
+    keras_amp.enable("mixed_bfloat16")
+    x = _inputs()
+    lstm = _make(keras.layers.LSTM)
+    inp = keras.Input((None, 3))
+    generic = keras.layers.RNN(keras.layers.LSTMCell(UNITS), return_state=True)
+    model = keras.Model(inp, generic(inp))
+    generic.set_weights(lstm.get_weights())
+    keras_amp.apply_recipe(model, "rnn")
+    assert generic.cell.dtype_policy.name == "float32"
+    ref_c = ref_lstm(np64(x), lstm.cell)[2]
+    rel = np.max(np.abs(np64(model(x)[2]) - ref_c) / np.abs(ref_c))
+    assert 2e-6 < rel < _tol("mixed_bfloat16"), rel  # 16-bit matmuls, float32 state

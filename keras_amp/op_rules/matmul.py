@@ -1,0 +1,137 @@
+"""16-bit matmuls inside float32 layers: `Matmul16DTypePolicy` and the matmul rule.
+
+A layer with a `Matmul16DTypePolicy` is a float32 layer (compute and variable dtype float32:
+its gates, nonlinearities, carried state, bias and output are float32) whose matmuls run with
+16-bit operands while keras_amp's op rules are installed. It is how the "rnn" recipe keeps a
+stock LSTM/GRU/SimpleRNN's gates and state in float32, in place, at the speed of its 16-bit
+matmuls: the recurrence's cost is its input and recurrent projections, and its hazard is the
+gates and the carried state (a float16 cell state rounds at every step).
+
+The rule replaces the TensorFlow backend's `matmul` (which `keras.ops.matmul` calls by
+attribute). When the innermost calling layer (`Layer.__call__` runs `call` inside
+`name_scope(self.name, caller=self)`, as the scores-einsum rule reads) has this policy, or is a
+float32 layer called inside one (an RNN's cell), and both operands are dense floating tensors, it computes `cast(matmul(cast(a, 16-bit), cast(b, 16-bit)),
+float32)`: float32 accumulation in the kernel, one rounding of the result to 16 bits, the same
+numbers as `keras_amp.layers.LSTM`'s matmuls. Every other matmul calls the original. The check
+runs while tracing, not at every step.
+
+Without the rules (keras_amp disabled, or the model loaded in a process that never enabled it)
+such a layer is a plain float32 layer: slower, never less precise. The policy serialises with
+the layer (`keras_amp>Matmul16DTypePolicy`) and loads where the layer's `from_config` passes its
+config to the constructor as it is (LSTM, GRU, SimpleRNN, RNN, Bidirectional, ConvLSTM). Keras
+3.15's `Operation.from_config`, which most layers and every RNN cell use, turns a non-quantized
+policy into its name, which Keras cannot parse back: so the "rnn" recipe gives the policy to RNN
+layers and leaves their cells float32, and the rule also applies inside such a layer.
+
+Not reached: matmuls written as `einsum` (EinsumDense), convolutions (ConvLSTM cells), fused
+kernels (cuDNN: a float32 RNN layer on a GPU runs its cuDNN kernel in float32).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import keras
+import tensorflow as tf
+from keras.src.backend.common import global_state
+
+from keras_amp import validation
+
+SOURCE_POLICIES = ("mixed_bfloat16", "mixed_float16")
+PREFIX = "matmul16_from_"
+
+
+@keras.saving.register_keras_serializable(package="keras_amp")
+class Matmul16DTypePolicy(keras.DTypePolicy):
+    """A float32 policy whose layers' matmuls run in the 16-bit dtype of `source_name`.
+
+    Compute and variable dtypes are float32; `matmul_dtype` is "bfloat16" for
+    "mixed_bfloat16" and "float16" for "mixed_float16". The name is
+    `"matmul16_from_<source_name>"` (as Keras names quantized policies).
+
+    Args:
+        source_name: String. "mixed_bfloat16" or "mixed_float16".
+
+    Example:
+        >>> keras_amp.enable("mixed_bfloat16")
+        >>> lstm.dtype_policy = keras_amp.Matmul16DTypePolicy("mixed_bfloat16")
+        >>> lstm.cell.dtype_policy = lstm.dtype_policy   # the cell's matmuls: bfloat16
+    """
+
+    def __init__(self, source_name: str = "mixed_bfloat16"):
+        validation.check_choice("source_name", source_name, SOURCE_POLICIES)
+        super().__init__("float32")
+        self._source_name = source_name
+        self._matmul_dtype = self._parse_name(source_name)[0]
+        self._name = PREFIX + source_name
+
+    @property
+    def matmul_dtype(self) -> str:
+        """The 16-bit dtype of the layer's matmul operands ("bfloat16" or "float16")."""
+        return self._matmul_dtype
+
+    @property
+    def source_name(self) -> str:
+        return self._source_name
+
+    def get_config(self) -> dict[str, Any]:
+        return {"source_name": self._source_name}
+
+
+def policy_from_name(name: str) -> keras.DTypePolicy:
+    """The policy named `name`: a `Matmul16DTypePolicy` for "matmul16_from_...", else Keras's."""
+    if isinstance(name, str) and name.startswith(PREFIX):
+        return Matmul16DTypePolicy(name[len(PREFIX):])
+    return keras.DTypePolicy(name)
+
+
+def matmul16_name(compute_policy: str) -> str:
+    """The `Matmul16DTypePolicy` name for a mixed compute policy; "float32" for any other."""
+    return PREFIX + compute_policy if compute_policy in SOURCE_POLICIES else "float32"
+
+
+def _callers() -> list[Any]:
+    """The layers whose `call` is running, innermost first (Keras's name-scope stack)."""
+    stack = global_state.get_global_attribute("name_scope_stack")
+    return [e.caller for e in reversed(stack or ()) if getattr(e, "caller", None) is not None]
+
+
+def innermost_caller() -> Any:
+    """The innermost layer whose `call` is running, or None."""
+    callers = _callers()
+    return callers[0] if callers else None
+
+
+def matmul16_policy() -> Matmul16DTypePolicy | None:
+    """The policy of the nearest calling layer with a `Matmul16DTypePolicy`, when every layer
+    called inside it computes in float32 (an RNN's float32 cell, a float32 sublayer); else None."""
+    for caller in _callers():
+        policy = getattr(caller, "dtype_policy", None)
+        if isinstance(policy, Matmul16DTypePolicy):
+            return policy
+        if getattr(policy, "compute_dtype", None) != "float32":
+            return None
+    return None
+
+
+def _dense(x: Any) -> bool:
+    return not isinstance(x, (tf.SparseTensor, tf.RaggedTensor))
+
+
+def matmul16(original: Callable) -> Callable:
+    def matmul(x1, x2):
+        policy = matmul16_policy()
+        if policy is None:
+            return original(x1, x2)
+        if not (_dense(x1) and _dense(x2)):
+            return original(x1, x2)
+        # A Keras variable converts (autocast) through `__tf_tensor__`.
+        a, b = tf.convert_to_tensor(x1), tf.convert_to_tensor(x2)
+        if not (a.dtype.is_floating and b.dtype.is_floating):
+            return original(x1, x2)
+        out_dtype = keras.backend.result_type(a.dtype, b.dtype)
+        low = policy.matmul_dtype
+        return tf.cast(original(tf.cast(a, low), tf.cast(b, low)), out_dtype)
+
+    matmul.__name__ = matmul.__qualname__ = original.__name__
+    return matmul
