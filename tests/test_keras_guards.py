@@ -32,13 +32,15 @@ from keras.src.layers.preprocessing import normalization
 from keras.src.layers.rnn import gru, lstm, rnn
 from keras.src.models import functional
 from keras.src.ops import operation
+
+tf_rnn = importlib.import_module("keras.src.backend.tensorflow.rnn")  # `rnn` the module, not the function
 from keras.src.optimizers import base_optimizer
 from keras.src.optimizers import loss_scale_optimizer as stock_lso
 from keras.src.utils import tracking
 from tensorflow.python.distribute import merge_call_interim
 from tensorflow.python.eager import backprop
 from tensorflow.python.framework import ops as tf_ops
-from tensorflow.python.ops import control_flow_util, gradients_util
+from tensorflow.python.ops import control_flow_util, control_flow_v2_func_graphs, gradients_util
 
 from keras_amp import op_rules
 from keras_amp.distribute import trainer_fix
@@ -180,6 +182,19 @@ GUARDS = [
     Guard(f"{_K}.layers.rnn.gru.GRU.inner_loop", gru.GRU.__dict__["inner_loop"], "c60ea87cae404e16", _RECURRENT),
     Guard(f"{_K}.layers.rnn.lstm.LSTMCell.call", lstm.LSTMCell.__dict__["call"], "c71d0352f74b106d", _RECURRENT),
     Guard(f"{_K}.layers.rnn.gru.GRUCell.call", gru.GRUCell.__dict__["call"], "1019f8bce4307f38", _RECURRENT),
+    # The "rnn" recipe: RNN layers keep a Matmul16DTypePolicy through .keras files (their from_config
+    # passes the dtype config on), cells are rebuilt through Operation.from_config (which turns a
+    # policy into its name); the cast of a weight read in the time loop is hoisted out of the loop
+    # body (a v2 control-flow graph) that TF's `rnn` runs the step in.
+    Guard(f"{_K}.ops.operation.Operation.from_config", operation.Operation.__dict__["from_config"].__func__,
+          "0ad099055bf699d4", _RECIPES + _OP_MATMUL),
+    Guard(f"{_K}.layers.rnn.rnn.RNN.from_config", rnn.RNN.__dict__["from_config"].__func__, "0ed0c76ff5f15a35",
+          _RECIPES + _OP_MATMUL),
+    Guard(f"{_K}.backend.tensorflow.rnn.rnn", tf_rnn.rnn, "e5253cfb13d19752", _FLOAT32),
+    Guard("tensorflow.python.ops.control_flow_v2_func_graphs.WhileBodyFuncGraph",
+          control_flow_v2_func_graphs.WhileBodyFuncGraph, "38630be4ecd558b9", _FLOAT32),
+    Guard("tensorflow.python.ops.control_flow_v2_func_graphs.CondBranchFuncGraph",
+          control_flow_v2_func_graphs.CondBranchFuncGraph, "fb01625dc3036def", _FLOAT32),
     # Diagnostics: per-layer attribution of ops and gradient ops (names "gradient_tape/<scope>/",
     # "gradients/<op>_grad/"), and the nested FuncGraph lookup of the audit.
     Guard(f"{_K}.ops.operation.Operation.__call__", operation.Operation.__dict__["__call__"], "54fc9fcb8839877d",

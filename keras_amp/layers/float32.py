@@ -1,10 +1,13 @@
 """`Float32(layer)`: run any layer as a float32 island; dtype helpers shared by the islands."""
 
 import keras
+import tensorflow as tf
 from keras import ops
+from tensorflow.python.ops import control_flow_v2_func_graphs
 
 # No public API reads a variable without autocasting (Keras 3.15.1); guarded in the guard table.
 from keras.src.backend import AutocastScope
+from keras.src.backend.common import global_state
 
 from keras_amp import model_graph, validation
 
@@ -49,6 +52,51 @@ def float32_value(variable):
     """The float32 value of a float32 variable, never autocast."""
     with float32_variables():
         return ops.cast(variable.value, "float32")
+
+
+def calling_layers():
+    """The layers whose `call` is running, innermost first: `Layer.__call__` (Keras 3.15) runs
+    `call` inside `backend.name_scope(self.name, caller=self)`, which Keras keeps on its
+    thread-local "name_scope_stack"."""
+    stack = global_state.get_global_attribute("name_scope_stack")
+    return [e.caller for e in reversed(stack or ()) if getattr(e, "caller", None) is not None]
+
+
+def _rnn_loop_outer_graph():
+    """The graph around the innermost RNN's time loop, when the current op is built in that loop's
+    body (through `tf.cond` branches, if any) and that RNN runs a loop (`unroll=False`); else None.
+
+    Only the RNN's own loop: a loop around the RNN (a custom training loop under `tf.function`)
+    may assign the weights between its iterations, so a read must not leave it.
+    """
+    rnn = next((layer for layer in calling_layers() if isinstance(layer, keras.layers.RNN)), None)
+    if rnn is None or rnn.unroll:
+        return None
+    graph = tf.compat.v1.get_default_graph()
+    while isinstance(graph, control_flow_v2_func_graphs.CondBranchFuncGraph):
+        graph = graph.outer_graph
+    if not isinstance(graph, control_flow_v2_func_graphs.WhileBodyFuncGraph):
+        return None
+    return graph.outer_graph
+
+
+def cast_weight(x, dtype):
+    """`x` cast to `dtype`; a Keras variable read in an RNN's time loop is cast once, before it.
+
+    An RNN's cell reads its kernels at every step of its `tf.while_loop`: cast there, the 16-bit
+    copy is made at every step and, for the backward pass, kept once per step (64 steps of a
+    2x256-unit LSTM: ~100 MiB; stock's autocast does the same). Cast in the graph around the
+    loop, it is one loop-invariant tensor the body captures; TensorFlow's while-loop gradient
+    sums its gradient over the steps, as for any captured tensor. A layer's weights do not
+    change during its own call.
+    """
+    if not isinstance(x, keras.Variable):
+        return tf.cast(x, dtype)
+    outer = _rnn_loop_outer_graph()
+    if outer is None:
+        return tf.cast(float32_value(x), dtype)
+    with outer.as_default():
+        return tf.cast(float32_value(x), dtype)
 
 
 def _cast_floats(structure, dtype):

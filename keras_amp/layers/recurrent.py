@@ -26,7 +26,7 @@ from keras import ops
 
 from keras_amp import model_graph, validation
 from keras_amp.layers import arguments
-from keras_amp.layers.float32 import float32_value
+from keras_amp.layers.float32 import cast_weight, float32_value
 
 # Keras version the `call` override below was copied from.
 KERAS_VERSION = "3.15.1"
@@ -108,8 +108,8 @@ class LSTMCell(arguments.CheckedArguments, keras.layers.LSTMCell):
         # Matmuls in the compute dtype (the speed of mixed precision); their
         # sums, the bias and everything after in float32: sigmoid saturation and
         # c = f * c + i * g need float32 resolution over many steps.
-        z = _f32(_project(inputs, ops.cast(self.kernel, dtype), dp_mask, 4))
-        z = z + _f32(_project(h_tm1, ops.cast(self.recurrent_kernel, dtype), rec_mask, 4))
+        z = _f32(_project(inputs, cast_weight(self.kernel, dtype), dp_mask, 4))
+        z = z + _f32(_project(h_tm1, cast_weight(self.recurrent_kernel, dtype), rec_mask, 4))
         if self.use_bias:
             z = z + float32_value(self.bias)
         z_i, z_f, z_c, z_o = ops.split(z, 4, axis=-1)
@@ -154,8 +154,8 @@ class GRUCell(arguments.CheckedArguments, keras.layers.GRUCell):
             if training and 0.0 < self.recurrent_dropout < 1.0
             else None
         )
-        kernel = ops.cast(self.kernel, dtype)
-        recurrent_kernel = ops.cast(self.recurrent_kernel, dtype)
+        kernel = cast_weight(self.kernel, dtype)
+        recurrent_kernel = cast_weight(self.recurrent_kernel, dtype)
         units = self.units
         if self.use_bias:
             bias = float32_value(self.bias)

@@ -33,9 +33,9 @@ from typing import Any, Callable
 
 import keras
 import tensorflow as tf
-from keras.src.backend.common import global_state
 
 from keras_amp import validation
+from keras_amp.layers.float32 import calling_layers, cast_weight
 
 SOURCE_POLICIES = ("mixed_bfloat16", "mixed_float16")
 PREFIX = "matmul16_from_"
@@ -90,22 +90,16 @@ def matmul16_name(compute_policy: str) -> str:
     return PREFIX + compute_policy if compute_policy in SOURCE_POLICIES else "float32"
 
 
-def _callers() -> list[Any]:
-    """The layers whose `call` is running, innermost first (Keras's name-scope stack)."""
-    stack = global_state.get_global_attribute("name_scope_stack")
-    return [e.caller for e in reversed(stack or ()) if getattr(e, "caller", None) is not None]
-
-
 def innermost_caller() -> Any:
     """The innermost layer whose `call` is running, or None."""
-    callers = _callers()
+    callers = calling_layers()
     return callers[0] if callers else None
 
 
 def matmul16_policy() -> Matmul16DTypePolicy | None:
     """The policy of the nearest calling layer with a `Matmul16DTypePolicy`, when every layer
     called inside it computes in float32 (an RNN's float32 cell, a float32 sublayer); else None."""
-    for caller in _callers():
+    for caller in calling_layers():
         policy = getattr(caller, "dtype_policy", None)
         if isinstance(policy, Matmul16DTypePolicy):
             return policy
@@ -125,13 +119,11 @@ def matmul16(original: Callable) -> Callable:
             return original(x1, x2)
         if not (_dense(x1) and _dense(x2)):
             return original(x1, x2)
-        # A Keras variable converts (autocast) through `__tf_tensor__`.
-        a, b = tf.convert_to_tensor(x1), tf.convert_to_tensor(x2)
-        if not (a.dtype.is_floating and b.dtype.is_floating):
+        if not all(keras.backend.is_float_dtype(x.dtype) for x in (x1, x2)):
             return original(x1, x2)
-        out_dtype = keras.backend.result_type(a.dtype, b.dtype)
+        out_dtype = keras.backend.result_type(x1.dtype, x2.dtype)
         low = policy.matmul_dtype
-        return tf.cast(original(tf.cast(a, low), tf.cast(b, low)), out_dtype)
+        return tf.cast(original(cast_weight(x1, low), cast_weight(x2, low)), out_dtype)
 
     matmul.__name__ = matmul.__qualname__ = original.__name__
     return matmul

@@ -5,6 +5,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_v2_func_graphs
 
 import keras_amp
 from keras_amp.layers import GRU, LSTM
@@ -268,16 +269,21 @@ def test_rnn_recipe_gradients_match_float32(mixed_policy, cls):
     float32_model, _ = _stock_model(cls)
     model, _ = _recipe_model(cls, mixed_policy)
     model.set_weights(float32_model.get_weights())
-    grads = []
-    for m in (float32_model, model):
+
+    def gradients(m):
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(tf.cast(m(x)[-1], "float32"))
-        grads.append(tape.gradient(loss, m.trainable_variables))
-    for g32, gm in zip(*grads):
-        scale = np.abs(np64(g32)).max()
-        assert gm.dtype == "float32"
-        # Backward matmuls in the 16-bit dtype (as keras_amp.layers.LSTM / GRU).
-        np.testing.assert_allclose(np64(gm), np64(g32), atol=8 * u(mixed_policy) * scale)
+        return tape.gradient(loss, m.trainable_variables)
+
+    reference = gradients(float32_model)
+    # Eager, and traced: there the kernels' 16-bit casts are hoisted out of the time loop and the
+    # loop's gradient sums theirs over the steps.
+    for grads in (gradients(model), tf.function(gradients)(model)):
+        for g32, gm in zip(reference, grads):
+            scale = np.abs(np64(g32)).max()
+            assert gm.dtype == "float32"
+            # Backward matmuls in the 16-bit dtype (as keras_amp.layers.LSTM / GRU).
+            np.testing.assert_allclose(np64(gm), np64(g32), atol=8 * u(mixed_policy) * scale)
 
 
 @pytest.mark.parametrize("cls", [keras.layers.LSTM, keras.layers.GRU], ids=["LSTM", "GRU"])
@@ -314,3 +320,63 @@ def test_rnn_recipe_on_a_generic_rnn_runs_its_float32_cell_with_16bit_matmuls():
     ref_c = ref_lstm(np64(x), lstm.cell)[2]
     rel = np.max(np.abs(np64(model(x)[2]) - ref_c) / np.abs(ref_c))
     assert 2e-6 < rel < _tol("mixed_bfloat16"), rel  # 16-bit matmuls, float32 state
+
+
+def _while_bodies(graph):
+    for f in graph._functions.values():
+        if isinstance(f.graph, control_flow_v2_func_graphs.WhileBodyFuncGraph):
+            yield f.graph
+        yield from _while_bodies(f.graph)
+
+
+@pytest.mark.parametrize("stock", [True, False], ids=["recipe", "keras_amp.layers.LSTM"])
+def test_kernel_casts_are_hoisted_out_of_the_time_loop(stock):
+    keras_amp.enable("mixed_bfloat16")
+    layer = keras.layers.LSTM(UNITS) if stock else LSTM(UNITS)
+    inp = keras.Input((5, 3))
+    model = keras.Model(inp, layer(inp))
+    if stock:
+        keras_amp.apply_recipe(model, "rnn")
+    graph = tf.function(model).get_concrete_function(tf.TensorSpec((2, 5, 3))).graph
+    kernel_shapes = {tuple(w.shape) for w in layer.cell.weights if len(w.shape) == 2}
+
+    def kernel_casts(g):
+        return [op for op in g.get_operations() if op.type == "Cast"
+                and op.outputs[0].dtype == tf.bfloat16 and tuple(op.outputs[0].shape) in kernel_shapes]
+
+    bodies = list(_while_bodies(graph))
+    assert bodies  # guard: the layer ran a tf.while_loop (control flow v2)
+    assert all(not kernel_casts(body) for body in bodies)
+    # Kernel and recurrent kernel, before the loop (Keras's TF `rnn` also runs the step once before
+    # its loop, to learn the output structure: 2 more there).
+    assert len(kernel_casts(graph)) == 4
+
+
+@pytest.mark.parametrize("unroll", [False, True], ids=["loop", "unrolled"])
+def test_weights_assigned_in_a_traced_training_loop_are_read_each_iteration(unroll):
+    # A tf.range loop around the model (a custom training loop) may change the weights between its
+    # iterations: reads are hoisted out of the RNN's own time loop only, never out of that one.
+    keras_amp.enable("mixed_bfloat16")
+    layer = keras.layers.LSTM(UNITS, unroll=unroll)
+    inp = keras.Input((5, 3))
+    model = keras_amp.apply_recipe(keras.Model(inp, layer(inp)), "rnn")
+    x = tf.constant(_inputs()[:, :5])
+    kernel = layer.cell.kernel
+
+    @tf.function
+    def run():
+        outputs = tf.TensorArray(tf.float32, size=3)
+        for i in tf.range(3):
+            outputs = outputs.write(i, model(x))
+            kernel.assign_add(tf.fill(kernel.shape, 0.05))
+        return outputs.stack()
+
+    start = kernel.numpy()
+    traced = run().numpy()
+    kernel.assign(start)
+    expected = []
+    for _ in range(3):
+        expected.append(np64(model(x)))
+        kernel.assign_add(np.full(kernel.shape, 0.05, "float32"))
+    np.testing.assert_allclose(traced, np.stack(expected), rtol=0, atol=1e-6)
+    assert np.abs(np.diff(traced, axis=0)).max() > 1e-3  # guard: the weights did change the outputs
