@@ -10,10 +10,12 @@ gates and the carried state (a float16 cell state rounds at every step).
 The rule replaces the TensorFlow backend's `matmul` (which `keras.ops.matmul` calls by
 attribute). When the innermost calling layer (`Layer.__call__` runs `call` inside
 `name_scope(self.name, caller=self)`, as the scores-einsum rule reads) has this policy, or is a
-float32 layer called inside one (an RNN's cell), and both operands are dense floating tensors, it computes `cast(matmul(cast(a, 16-bit), cast(b, 16-bit)),
-float32)`: float32 accumulation in the kernel, one rounding of the result to 16 bits, the same
-numbers as `keras_amp.layers.LSTM`'s matmuls. Every other matmul calls the original. The check
-runs while tracing, not at every step.
+float32 layer called inside one (an RNN's cell), and both operands are dense floating tensors,
+it computes `cast(matmul(cast(a, 16-bit), cast(b, 16-bit)), float32)`: float32 accumulation in
+the kernel, one rounding of the result to 16 bits, the same numbers as `keras_amp.layers.LSTM`'s
+matmuls. A weight read in an RNN's time loop is cast once, before the loop
+(`layers.float32.cast_weight`). Every other matmul calls the original. The check runs while
+tracing, not at every step.
 
 Without the rules (keras_amp disabled, or the model loaded in a process that never enabled it)
 such a layer is a plain float32 layer: slower, never less precise. The policy serialises with
@@ -52,10 +54,14 @@ class Matmul16DTypePolicy(keras.DTypePolicy):
     Args:
         source_name: String. "mixed_bfloat16" or "mixed_float16".
 
+    `keras_amp.apply_recipe(model, "rnn")` sets it where it belongs (RNN layers; their cells
+    float32 or the same policy). By hand, set the RNN and its cell: a cell left at a 16-bit
+    policy computes its gates in 16 bits.
+
     Example:
         >>> keras_amp.enable("mixed_bfloat16")
         >>> lstm.dtype_policy = keras_amp.Matmul16DTypePolicy("mixed_bfloat16")
-        >>> lstm.cell.dtype_policy = lstm.dtype_policy   # the cell's matmuls: bfloat16
+        >>> lstm.cell.dtype_policy = "float32"   # float32 gates; matmuls bfloat16 under the LSTM
     """
 
     def __init__(self, source_name: str = "mixed_bfloat16"):
@@ -119,9 +125,10 @@ def matmul16(original: Callable) -> Callable:
             return original(x1, x2)
         if not (_dense(x1) and _dense(x2)):
             return original(x1, x2)
-        if not all(keras.backend.is_float_dtype(x.dtype) for x in (x1, x2)):
+        dtypes = [getattr(x, "dtype", None) for x in (x1, x2)]  # Python lists: left to the original
+        if not all(d is not None and keras.backend.is_float_dtype(d) for d in dtypes):
             return original(x1, x2)
-        out_dtype = keras.backend.result_type(x1.dtype, x2.dtype)
+        out_dtype = keras.backend.result_type(*dtypes)
         low = policy.matmul_dtype
         return tf.cast(original(cast_weight(x1, low), cast_weight(x2, low)), out_dtype)
 
