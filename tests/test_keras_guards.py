@@ -64,6 +64,7 @@ _TRAINER_FIX = ("keras_amp.distribute.trainer_fix",)
 _OPS = ("keras_amp.op_rules.float32_ops",)
 _OP_ATTENTION = ("keras_amp.op_rules.attention",)
 _OP_MATMUL = ("keras_amp.op_rules.matmul",)
+_LEAN = ("keras_amp.op_rules.lean",)
 _ATTENTION = ("keras_amp.layers.attention",)
 _RECURRENT = ("keras_amp.layers.recurrent",)
 _FLOAT32 = ("keras_amp.layers.float32",)
@@ -124,15 +125,18 @@ GUARDS = [
     Guard(f"{_NN}.log_softmax", _O[f"{_NN}.log_softmax"], "7877ebb97ae1ce8f", _OPS),
     Guard(f"{_K}.backend.tensorflow.math.logsumexp", _O[f"{_K}.backend.tensorflow.math.logsumexp"],
           "715367831b0891ce", _OPS),
-    Guard(f"{_NN}.batch_normalization", _O[f"{_NN}.batch_normalization"], "1cc80ed9bad6ea79", _OPS),
+    Guard(f"{_NN}.batch_normalization", _O[f"{_NN}.batch_normalization"], "1cc80ed9bad6ea79", _OPS + _LEAN),
+    # Lean rules: Keras's float32 ops computed the same way, 16-bit inputs kept for the backward pass.
+    Guard(f"{_NN}.moments", _O[f"{_NN}.moments"], "57bcc01c34d85f72", _LEAN),
+    Guard(f"{_K}.ops.nn._layer_normalization", _O[f"{_K}.ops.nn._layer_normalization"], "67b9792af8800337", _LEAN),
     Guard(f"{_K}.ops.nn._normalize", _O[f"{_K}.ops.nn._normalize"], "6d45ce2adc62638f", _OPS),
     Guard(f"{_K}.backend.tensorflow.numpy.std", _O[f"{_K}.backend.tensorflow.numpy.std"], "06356e76fd7e60f7", _OPS),
-    Guard(f"{_NN}.gelu", _O[f"{_NN}.gelu"], "edb8d0940a01c8d5", _OPS),
+    Guard(f"{_NN}.gelu", _O[f"{_NN}.gelu"], "edb8d0940a01c8d5", _LEAN),
     Guard(f"{_NN}.categorical_crossentropy", _O[f"{_NN}.categorical_crossentropy"], "a2cb8f1dacc6a411", _OPS),
     Guard(f"{_K}.ops.nn.CategoricalCrossentropy.compute_output_spec",
           _O[f"{_K}.ops.nn.CategoricalCrossentropy.compute_output_spec"], "c729e7e6cb6f7d01", _OPS),
     Guard(f"{_NN}.sparse_categorical_crossentropy", _O[f"{_NN}.sparse_categorical_crossentropy"],
-          "8dd1e34615666cea", _OPS),
+          "8dd1e34615666cea", _OPS + _LEAN),
     Guard(f"{_K}.ops.nn.SparseCategoricalCrossentropy.compute_output_spec",
           _O[f"{_K}.ops.nn.SparseCategoricalCrossentropy.compute_output_spec"], "1d2704fea7e2f6f6", _OPS),
     Guard(f"{_NN}.binary_crossentropy", _O[f"{_NN}.binary_crossentropy"], "3fb0e94214714db1", _OPS),

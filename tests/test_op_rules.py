@@ -78,7 +78,8 @@ def test_enable_installs_and_disable_restores_every_object_exactly(policy):
     keras_amp.enable(policy)
     compute = keras_amp.config().compute_dtype
     assert op_rules.installed() == compute
-    expected = [n for r in op_rules.RULES if r.by == "keras_amp" and compute in r.dtypes for n in r.targets]
+    # Two rows may share a target (gelu's float16 row and its backward-pass row): replaced once.
+    expected = {n for r in op_rules.RULES if r.by == "keras_amp" and compute in r.dtypes for n in r.targets}
     assert sorted(op_rules.replaced()) == sorted(expected)
     assert all(_attr(name) is not before[name] for name in expected)
     keras_amp.disable()
@@ -306,8 +307,9 @@ def test_exp_kind_gelu_gradient():
 
 
 def test_exp_rule_is_float16_only():
-    op_rules.install("bfloat16")  # bfloat16 has float32's range: no gelu rule
+    op_rules.install("bfloat16")  # bfloat16 has float32's range: no gelu overflow rule ...
     assert not op_rules.rule_installed("gelu") and op_rules.rule_installed("softmax")
+    assert op_rules.rule_installed(op_rules.GELU_BACKWARD_OP)  # ... only its memory row
 
 
 def test_symbolic_and_eager_dtypes_match_for_every_rule():
@@ -412,8 +414,10 @@ def test_scores_einsum_bfloat16_logits_keep_float32_precision():
     layer = SelfScores()
     op_rules.uninstall()
     stock_error = np.abs(_f64(layer(q, k)[0]) / ref - 1).max()
-    # bfloat16 keeps 8 significant bits: stock's logits are off by up to 2^-9 relative.
-    assert 2.0**-12 < stock_error <= 2.0**-8, stock_error
+    # bfloat16 keeps 8 significant bits: stock's logits are off by up to 2^-9 relative where the
+    # matmul accumulates in float32 and rounds once (oneDNN), more where Eigen (CPUs without
+    # AVX-512) rounds partial sums too.
+    assert 2.0**-12 < stock_error <= 2.0**-6, stock_error
     op_rules.install("bfloat16")
     scores, other = layer(q, k)
     assert scores.dtype == tf.float32 and other.dtype == tf.bfloat16

@@ -8,6 +8,8 @@ replaced Keras object exactly. `rules_markdown()` prints the table.
 Modules:
     table: the rules (`RULES`), the pinned Keras sources, what no rule reaches.
     float32_ops: float32 replacements of single ops (softmax, normalisation, gelu, losses).
+    lean: float32 normalisation, gelu and cross-entropy that keep 16-bit tensors, not float32
+        copies, for the backward pass.
     attention: float32 attention scores (MultiHeadAttention, and the QK^T einsum of other layers).
     matmul: `Matmul16DTypePolicy` (float32 layers with 16-bit matmuls) and its matmul rule.
     installer: replacing and restoring the Keras objects, driven by `keras_amp.enable()`.
@@ -29,6 +31,7 @@ from keras_amp.op_rules.table import (
     ATTENTION_OP,
     BOTH,
     FLOAT16,
+    GELU_BACKWARD_OP,
     HAZARD_DTYPES,
     LOW_PRECISION,
     MATMUL16_OP,
@@ -45,6 +48,7 @@ __all__ = [
     "ATTENTION_OP",
     "BOTH",
     "FLOAT16",
+    "GELU_BACKWARD_OP",
     "HAZARD_DTYPES",
     "LOW_PRECISION",
     "MATMUL16_OP",

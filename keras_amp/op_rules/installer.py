@@ -41,6 +41,13 @@ from keras_amp.op_rules.float32_ops import (
     float32_loss_spec,
     float32_softmax,
 )
+from keras_amp.op_rules.lean import (
+    lean_batch_normalization,
+    lean_gelu,
+    lean_layer_normalization,
+    lean_moments,
+    lean_sparse_categorical_crossentropy,
+)
 from keras_amp.op_rules.matmul import matmul16
 from keras_amp.op_rules.table import (
     EINSUM,
@@ -70,15 +77,19 @@ _TARGETS: dict[str, tuple[Any, str, Callable | None]] = {
     "keras.src.backend.tensorflow.math.logsumexp": (tf_math, "logsumexp", float32_input_dtype),
     "keras.layers.MultiHeadAttention._compute_attention": (_MHA, "_compute_attention", float32_attention),
     "keras.layers.MultiHeadAttention.call": (_MHA, "call", None),
-    f"{TF_NN}.batch_normalization": (tf_nn, "batch_normalization", float32_batch_normalization),
+    f"{TF_NN}.batch_normalization": (
+        tf_nn, "batch_normalization", lambda f: lean_batch_normalization(float32_batch_normalization(f))),
+    f"{TF_NN}.moments": (tf_nn, "moments", lean_moments),
+    "keras.src.ops.nn._layer_normalization": (ops_nn, "_layer_normalization", lean_layer_normalization),
     "keras.src.ops.nn._normalize": (ops_nn, "_normalize", float32_input_dtype),
     "keras.src.backend.tensorflow.numpy.std": (tf_numpy, "std", float32_input_dtype),
-    f"{TF_NN}.gelu": (tf_nn, "gelu", float32_input_dtype),
+    f"{TF_NN}.gelu": (tf_nn, "gelu", lean_gelu),
     f"{TF_NN}.categorical_crossentropy": (tf_nn, "categorical_crossentropy", float32_loss("Softmax")),
     "keras.src.ops.nn.CategoricalCrossentropy.compute_output_spec": (
         ops_nn.CategoricalCrossentropy, "compute_output_spec", float32_loss_spec),
     f"{TF_NN}.sparse_categorical_crossentropy": (
-        tf_nn, "sparse_categorical_crossentropy", float32_loss("Softmax")),
+        tf_nn, "sparse_categorical_crossentropy",
+        lambda f: lean_sparse_categorical_crossentropy(float32_loss("Softmax")(f))),
     "keras.src.ops.nn.SparseCategoricalCrossentropy.compute_output_spec": (
         ops_nn.SparseCategoricalCrossentropy, "compute_output_spec", float32_loss_spec),
     f"{TF_NN}.binary_crossentropy": (tf_nn, "binary_crossentropy", float32_loss("Sigmoid")),
@@ -146,12 +157,13 @@ def install(compute_dtype: str) -> None:
             if rule.by != "keras_amp" or compute_dtype not in rule.dtypes:
                 continue
             why = why_not_installed(rule)
-            if why is None and any(_own(*_TARGETS[n][:2]) is not ORIGINALS[n] for n in rule.targets):
+            pending = [n for n in rule.targets if n not in _active]  # two rows may share a target
+            if why is None and any(_own(*_TARGETS[n][:2]) is not ORIGINALS[n] for n in pending):
                 why = f"another library replaced a Keras function of keras_amp's op rule for {rule.op}; skipped."
             if why:
                 warnings.warn(why, amp_policy.AmpWarning, stacklevel=2)
                 continue
-            for name in rule.targets:
+            for name in pending:
                 owner, attr, _ = _TARGETS[name]
                 setattr(owner, attr, _REPLACEMENTS[name])
                 _active.append(name)
@@ -176,11 +188,12 @@ def installed() -> str | None:
 
 
 def rule_installed(op: str) -> bool:
-    """Whether the override of the rule for `op` (a `Rule.op`, e.g. "softmax") is in effect now."""
+    """Whether the rule for `op` (a `Rule.op`, e.g. "softmax") is in effect now: its overrides are
+    installed, for one of its dtypes (two rows may share a target)."""
     rule = next((r for r in RULES if r.op == op), None)
     if rule is None:
         raise ValueError(f"Unknown `op`. Received: op={op!r}. Allowed: {', '.join(r.op for r in RULES)}")
-    return bool(rule.targets) and all(name in _active for name in rule.targets)
+    return bool(rule.targets) and _installed in rule.dtypes and all(name in _active for name in rule.targets)
 
 
 def replaced() -> tuple[str, ...]:

@@ -66,11 +66,17 @@ class Rule:
 
 
 TF_NN = "keras.src.backend.tensorflow.nn"
+# The memory half of the normalisation rules (`keras_amp.op_rules.lean`).
+LEAN = (
+    "Memory: the backward pass keeps the 16-bit input, not its float32 upcast, and redoes the "
+    "exact upcast there (graph mode; a float32 input that is no upcast is kept as is)"
+)
 EINSUM = "keras.src.backend.tensorflow.numpy.einsum"
 EINSUM_SPEC = "keras.src.ops.numpy.Einsum.compute_output_spec"
 MATMUL = "keras.src.backend.tensorflow.numpy.matmul"
 MATMUL16_OP = "matmul in a layer with a Matmul16DTypePolicy (the \"rnn\" recipe's recurrences)"
 ATTENTION_OP = "MultiHeadAttention scores (QK^T, scale, mask, softmax)"
+GELU_BACKWARD_OP = "gelu, backward pass"
 SCORES_EINSUM_OP = "einsum(layer._dot_product_equation, ...) in other attention layers"
 RULES: tuple[Rule, ...] = (
     Rule("softmax", "softmax", "float32", "input dtype", BOTH, "keras_amp", (f"{TF_NN}.softmax",),
@@ -105,7 +111,13 @@ RULES: tuple[Rule, ...] = (
     Rule("batch_normalization", "normalization", "float32", "input dtype", BOTH, "keras_amp",
          (f"{TF_NN}.batch_normalization",),
          "x*inv - mean*inv cancels catastrophically in 16 bits when |mean| >> std; float32 "
-         "statistics with 16-bit x are accepted (stock raises on mixed dtypes)"),
+         "statistics with 16-bit x are accepted (stock raises on mixed dtypes). " + LEAN),
+    Rule("moments", "normalization", "float32", "input dtype", BOTH, "keras_amp", (f"{TF_NN}.moments",),
+         "Keras casts 16-bit inputs to float32 (its float16 variance is clipped at 65504); the "
+         "rule computes the same ops. " + LEAN),
+    Rule("layer_normalization", "normalization", "float32", "input dtype", BOTH, "keras_amp",
+         ("keras.src.ops.nn._layer_normalization",),
+         "Keras computes it in float32; the rule computes the same ops. " + LEAN),
     Rule("normalize", "normalization", "float32", "input dtype", BOTH, "keras_amp",
          ("keras.src.ops.nn._normalize",),
          "the sum of squares overflows float16 (|x| ~ 300 over 64 entries): stock returns zeros"),
@@ -114,20 +126,25 @@ RULES: tuple[Rule, ...] = (
     Rule("gelu", "exp", "float32", "input dtype", FLOAT16, "keras_amp", (f"{TF_NN}.gelu",),
          "the tanh approximation evaluates x**3 (Pow): its gradient 3x**2 overflows float16 past "
          "|x| = 256 and stock's gradient is NaN (inf * 0); bfloat16 has the range"),
+    Rule(GELU_BACKWARD_OP, "", "float32", "input dtype", BOTH, "keras_amp", (f"{TF_NN}.gelu",),
+         "memory: TensorFlow's gelu is composite (0.5 x erfc(-x/sqrt(2)), or the tanh form), so "
+         "its autodiff keeps three activation-sized tensors; the rule keeps only the 16-bit x and "
+         "evaluates the derivative Phi(x) + x phi(x) (or the tanh form's) in float32 from it. The "
+         "forward pass is float32 too, rounded once (the row above)"),
     Rule("categorical_crossentropy", "loss", "float32", "float32", BOTH, "keras_amp",
          (f"{TF_NN}.categorical_crossentropy", "keras.src.ops.nn.CategoricalCrossentropy.compute_output_spec"),
          "a loss is reduced, scaled and logged in float32; 16-bit results round to 8-11 bits"),
     Rule("sparse_categorical_crossentropy", "loss", "float32", "float32", BOTH, "keras_amp",
          (f"{TF_NN}.sparse_categorical_crossentropy",
           "keras.src.ops.nn.SparseCategoricalCrossentropy.compute_output_spec"),
-         "as categorical_crossentropy"),
+         "as categorical_crossentropy. With logits, the backward pass recomputes softmax - onehot "
+         "from the 16-bit logits instead of keeping it in float32 (one vocabulary-sized float32 "
+         "tensor less; the same gradient bit for bit)"),
     Rule("binary_crossentropy", "loss", "float32", "float32", BOTH, "keras_amp",
          (f"{TF_NN}.binary_crossentropy", "keras.src.ops.nn.BinaryCrossentropy.compute_output_spec"),
          "small per-element losses (< 6e-8) flush to 0 in float16"),
-    Rule("moments", "normalization", "float32", "input dtype", BOTH, "keras", (),
-         "Keras casts 16-bit inputs to float32 (its float16 variance is clipped at 65504)"),
-    Rule("layer_normalization, rms_normalization", "normalization", "float32", "input dtype", BOTH, "keras", (),
-         "Keras computes them in at least float32"),
+    Rule("rms_normalization", "normalization", "float32", "input dtype", BOTH, "keras", (),
+         "Keras computes it in at least float32"),
     Rule("mean, var", "reduction", "float32", "input dtype", FLOAT16, "keras", (),
          "Keras reduces in float32 and casts back"),
     Rule("ctc_loss; keras.losses.* classes", "loss", "float32", "float32", BOTH, "keras", (),
@@ -154,6 +171,8 @@ ORIGINAL_DIGESTS = {
     "keras.layers.MultiHeadAttention._compute_attention": "88168a1a82dd0d31",
     "keras.layers.MultiHeadAttention.call": "fd666cb2fe09b101",
     f"{TF_NN}.batch_normalization": "1cc80ed9bad6ea79",
+    f"{TF_NN}.moments": "57bcc01c34d85f72",
+    "keras.src.ops.nn._layer_normalization": "67b9792af8800337",
     "keras.src.ops.nn._normalize": "6d45ce2adc62638f",
     "keras.src.backend.tensorflow.numpy.std": "06356e76fd7e60f7",
     f"{TF_NN}.gelu": "edb8d0940a01c8d5",
