@@ -1,5 +1,6 @@
 """Diagnostics: the static `check_model` report, the dynamic op audit, the overflow locator,
-per-layer gradient statistics, and the symptom library (the decision tree, as data)."""
+per-layer gradient statistics, the activations a training step keeps for its backward pass, and
+the symptom library (the decision tree, as data)."""
 
 from keras_amp.diagnostics import symptoms
 from keras_amp.diagnostics.audit import AuditReport, OpRecord, audit_model
@@ -10,6 +11,7 @@ from keras_amp.diagnostics.gradient_stats import (
     LayerGradientStats,
     gradient_statistics,
 )
+from keras_amp.diagnostics.memory import SavedActivationsReport, SavedTensor, saved_activations
 from keras_amp.diagnostics.overflow import LayerOverflowStats, OverflowReport, Producer, find_overflow
 
 __all__ = [
@@ -24,9 +26,12 @@ __all__ = [
     "OpRecord",
     "OverflowReport",
     "Producer",
+    "SavedActivationsReport",
+    "SavedTensor",
     "audit_model",
     "check_model",
     "find_overflow",
     "gradient_statistics",
+    "saved_activations",
     "symptoms",
 ]

@@ -41,6 +41,8 @@ class Trace:
         ops: List of tf.Operation, in creation (topological) order.
         owners: List of str, the layer path owning each op (or INPUT, LOSS, GRADIENT_SUM).
         backward_start: Int. Index of the first op of the backward pass.
+        model_end: Int. Index of the first op after the model's call (the loss's first).
+        model_outputs: List of the model call's output tensors.
         layer_outputs: Dict path -> list of output tensors (every call of the layer).
         layer_dtypes: Dict path -> the layer's compute dtype.
         graph: The step's FuncGraph while it is traced.
@@ -51,6 +53,8 @@ class Trace:
     ops: list = dataclasses.field(default_factory=list)
     owners: list = dataclasses.field(default_factory=list)
     backward_start: int = 0
+    model_end: int = 0
+    model_outputs: list = dataclasses.field(default_factory=list)
     layer_outputs: dict = dataclasses.field(default_factory=dict)
     layer_dtypes: dict = dataclasses.field(default_factory=dict)
     graph: Any = None
@@ -111,6 +115,7 @@ def assign_owners(trace: Trace, ops: list, forward_end: int, model_start: int, m
     """
     trace.ops = ops
     trace.backward_start = forward_end
+    trace.model_end = model_end
     trace.owners = _owners(ops, trace.events, model_label, forward_end, model_start, model_end)
 
 

@@ -38,7 +38,8 @@ KINDS = (
 # Stock normalisation layers that take float32 inputs as they are and compute in float32
 # (Keras 3.15.1). Stock BatchNormalization / RMSNormalization also compute their statistics in
 # float32 but autocast their inputs to the compute dtype first, so float32 inputs > 65504 become
-# inf under mixed_float16: they are flagged. Both facts guarded in test_keras_guards_recipes.py.
+# inf under mixed_float16: they are flagged unless a graph shows only 16-bit layers feeding them.
+# Both facts guarded in test_keras_guards_recipes.py.
 _FLOAT32_INSIDE_NORMS = (keras.layers.LayerNormalization, keras.layers.GroupNormalization)
 _INPUT_AUTOCAST_NORMS = (keras.layers.BatchNormalization, keras.layers.RMSNormalization)
 
@@ -98,7 +99,12 @@ def _descends(layer) -> bool:
     return not (model_graph.is_island(layer) or isinstance(layer, (keras.layers.RNN, keras.layers.MultiHeadAttention)))
 
 
-def _op_finding(path: str, layer) -> Finding | None:
+def _output_dtype(layer) -> str:
+    """The dtype a layer hands on: an island's (its float32 result) or its compute dtype."""
+    return "float32" if model_graph.is_island(layer) else layer.compute_dtype
+
+
+def _op_finding(path: str, layer, fed: tuple[str, ...] | None = None) -> Finding | None:
     dtype = layer.compute_dtype
     if dtype not in LOW_PRECISION or model_graph.is_island(layer):
         return None
@@ -142,6 +148,8 @@ def _op_finding(path: str, layer) -> Finding | None:
             float32_fix,
         )
     if kind == "normalization" and isinstance(layer, _INPUT_AUTOCAST_NORMS):
+        if fed and all(d in LOW_PRECISION for d in fed):
+            return None  # fed by 16-bit layers only: its input autocast rounds nothing
         return Finding(
             "low_precision_normalization", path,
             f"{name} autocasts its inputs to {dtype} before its float32 statistics "
@@ -235,6 +243,7 @@ def check_model(model: keras.Model, x: Any = None, *, training: bool = False) ->
     validation.check_type("model", model, keras.Model, "a keras.Model")
     validation.check_bool("training", training)
     layers = list(model_graph.walk(model, into=_descends))
+    fed = model_graph.neighbour_dtypes(model, _output_dtype, upstream=True)
     found: list[Finding] = []
     # A wrapper's op finding already covers its inner layer (op_kind looks inside wrappers):
     # TimeDistributed(Dense(activation="softmax")) is one softmax, not two.
@@ -242,7 +251,7 @@ def check_model(model: keras.Model, x: Any = None, *, training: bool = False) ->
     for path, layer in layers:
         finding = None
         if not any(path.startswith(f"{c}/") for c in covered):
-            finding = _op_finding(path, layer)
+            finding = _op_finding(path, layer, fed.get(id(layer)))
         if finding:
             found.append(finding)
             if isinstance(layer, keras.layers.Wrapper):

@@ -125,6 +125,7 @@ class DiagnosticStep:
         model_start = len(graph.get_operations())
         with tf.GradientTape(persistent=True) as tape:
             y_pred = model(x, training=self.training)
+            self.trace.model_outputs = [t for t in keras.tree.flatten(y_pred) if tf.is_tensor(t)]
             model_end = len(graph.get_operations())
             loss = keras.ops.cast(self._loss_fn(x, y, y_pred), "float32")
             scaled = loss * scale
@@ -162,6 +163,12 @@ class DiagnosticStep:
         with ctx:
             self._concrete = self._fn.get_concrete_function(x, y, scale)
         self._args = (x, y)
+
+    def traced(self) -> Trace:
+        """Traces the step (once, with attribution when asked) and returns what tracing recorded."""
+        if self._concrete is None:
+            self._build()
+        return self.trace
 
     def run(self, scale: float):
         """Executes the step at loss scale `scale`; NumPy values of the reduction."""
