@@ -3,7 +3,7 @@
 The one place that knows how a Keras model is put together. `walk()` reaches every layer of a
 Sequential, functional (operator nodes such as `x + y` included on request), nested or subclassed
 model; `graph()` gives a functional model's edges; `boundary()` the layers at its inputs or
-outputs; `is_island()` says whether a layer is a deliberate float32 island; `is_stale()` whether a
+outputs; `neighbour_dtypes()` what each layer of a graph takes and feeds; `is_island()` says whether a layer is a deliberate float32 island; `is_stale()` whether a
 model was built before `keras_amp.enable()`. recipes, check and diagnostics stand on this module.
 
 Written against Keras 3.15.1: a functional model's graph is recorded only in private attributes
@@ -273,6 +273,52 @@ def boundary(model: keras.Model, *, first: bool) -> set[int]:
         if _has_weights(node):
             continue
         stack.extend(step.get(id(node), []))
+    return found
+
+
+def neighbour_dtypes(model: keras.Model, dtype_of: Callable[[Any], str], *,
+                     upstream: bool) -> dict[int, tuple[str, ...] | None]:
+    """For each node of every Sequential/functional graph in `model`: the dtypes next to it.
+
+    `upstream=True`: the dtypes of what feeds it; False: of what it feeds. `dtype_of(layer)` says
+    what a layer (or nested model) computes in; operator nodes (`x + y`) are looked through to the
+    layers around them. None when a model input (upstream) or output (downstream) is among them,
+    whose dtype is not a layer's. Layers called from a subclassed model's or a composite layer's
+    own code are not in the map: their neighbours are unknown.
+    """
+    validation.check_type("model", model, keras.Model, "a keras.Model")
+    validation.check_callable("dtype_of", dtype_of)
+    upstream = validation.check_bool("upstream", upstream)
+    found: dict[int, tuple[str, ...] | None] = {}
+    graphs = [model] + [layer for _, layer in walk(model) if is_graph(layer)]
+    for owner in graphs:
+        if not is_graph(owner) and not isinstance(owner, keras.Sequential):
+            continue
+        g = graph(owner)
+        edges = g.predecessors if upstream else g.successors
+        boundary_nodes = {id(n) for n in (g.first if upstream else g.last)}
+
+        def around(node, seen):
+            if id(node) in boundary_nodes:
+                return None
+            dtypes = []
+            for n in edges.get(id(node), []):
+                if id(n) in seen:
+                    continue
+                seen.add(id(n))
+                if is_layer(n):
+                    dtypes.append(dtype_of(n))
+                    continue
+                inner = around(n, seen)  # an operator node: the layers beyond it
+                if inner is None:
+                    return None
+                dtypes.extend(inner)
+            return dtypes
+
+        for node in g.nodes:
+            if is_layer(node):
+                inner = around(node, {id(node)})
+                found[id(node)] = None if inner is None else tuple(inner)
     return found
 
 

@@ -17,7 +17,8 @@ layer `model_graph.walk()` reaches, parents before children, the later one winni
                                     the output layer, like the transformer's, in the compute
                                     dtype (float32 logits-to-loss by the loss)
     2. deny list     softmax, normalisation, exp/log-type activations, activity-regularizer
-                     losses -> float32
+                     losses -> float32; stock BatchNormalization / LayerNormalization between
+                     16-bit layers keep the compute dtype (float32 inside either way)
     3. user rules    layer class or name/path regex -> policy
 
 Roles and the deny list change a layer's output dtype, which Keras handles between the layers of
@@ -278,11 +279,50 @@ def _plan(model: Any, recipe: str, rules: Any) -> tuple[RecipePlan, list[tuple[A
                     policy, reason = rule_policy, f"rule {shown!r}"
         planned[id(layer)] = (policy, reason)
         out.append((layer, LayerPolicy(path, type(layer).__name__, policy, reason)))
+    _normalization_between_16bit_layers(model, out, planned, compute)
     unused = [shown for i, (_, _, shown) in enumerate(checked_rules) if i not in used]
     if unused:
         logging.warning("apply_recipe: rules matched no layer of %r: %r", model.name, unused)
     plan = RecipePlan(recipe=recipe, compute_policy=compute, layers=tuple(e for _, e in out))
     return plan, out
+
+
+# Stock normalisation layers that compute in float32 inside (Keras 3.15.1: BatchNormalization
+# casts its input up; LayerNormalization computes in at least float32 and rounds its result to its
+# input's dtype). Guarded in tests/test_keras_guards_recipes.py.
+_FLOAT32_INSIDE = (keras.layers.BatchNormalization, keras.layers.LayerNormalization)
+NORM_DENIED = "deny list: normalization"
+NORM_BETWEEN_16BIT = "deny list: normalization, float32 inside; between 16-bit layers: compute dtype"
+
+
+def _normalization_between_16bit_layers(model, out, planned, compute) -> None:
+    """Stock BatchNormalization / LayerNormalization the deny list made float32 keep the compute
+    policy where every layer around them is 16-bit.
+
+    There the float32 policy computes the same numbers: their statistics and normalisation are
+    float32 either way, a 16-bit input is cast up exactly, and the float32 output is rounded by the
+    next layer (LayerNormalization rounds it to its input's dtype itself). It would only cost a
+    float32 output and float32 gradients through the layer. Next to a model input or output, or
+    to a float32 layer or island, they stay float32: a float32 input is then not rounded first.
+    """
+    candidates = [i for i, (layer, e) in enumerate(out) if type(layer) in _FLOAT32_INSIDE and e.reason == NORM_DENIED]
+    if not candidates or not _is_16bit(policy_from_name(compute).compute_dtype):
+        return
+
+    def dtype_of(layer):
+        if model_graph.is_island(layer):
+            return FLOAT32
+        policy = planned.get(id(layer), (layer.dtype_policy.name,))[0]
+        return policy_from_name(policy).compute_dtype
+
+    feeding = model_graph.neighbour_dtypes(model, dtype_of, upstream=True)
+    fed = model_graph.neighbour_dtypes(model, dtype_of, upstream=False)
+    for i in candidates:
+        layer, entry = out[i]
+        around = (feeding.get(id(layer)), fed.get(id(layer)))
+        if all(dtypes and all(_is_16bit(d) for d in dtypes) for dtypes in around):
+            planned[id(layer)] = (compute, NORM_BETWEEN_16BIT)
+            out[i] = (layer, dataclasses.replace(entry, policy=compute, reason=NORM_BETWEEN_16BIT))
 
 
 def _matches(key: Any, layer: Any, path: str) -> bool:

@@ -116,6 +116,9 @@ API = {
     "model_graph.graph": (model_graph.graph, _with(model_graph.graph)),
     "model_graph.boundary": (model_graph.boundary,
                              lambda **kw: model_graph.boundary(**{"model": _model(), "first": True, **kw})),
+    "model_graph.neighbour_dtypes": (
+        model_graph.neighbour_dtypes,
+        lambda **kw: model_graph.neighbour_dtypes(**{"model": _model(), "dtype_of": str, "upstream": True, **kw})),
     "model_graph.warn_if_built_before_enable": (
         model_graph.warn_if_built_before_enable,
         lambda **kw: model_graph.warn_if_built_before_enable(**{"model": _model(), **kw})),
@@ -166,6 +169,8 @@ API = {
     "find_overflow": (diagnostics.find_overflow, lambda **kw: diagnostics.find_overflow(**{"model": _model(), "x": X, **kw})),
     "gradient_statistics": (diagnostics.gradient_statistics,
                             lambda **kw: diagnostics.gradient_statistics(**{"model": _model(), "x": X, **kw})),
+    "saved_activations": (diagnostics.saved_activations,
+                          lambda **kw: diagnostics.saved_activations(**{"model": _model(), "x": X, **kw})),
     # automatic precision
     "Float32Fallback": (auto_precision.Float32Fallback, _with(auto_precision.Float32Fallback, probe=(X, Y))),
     "ProgressivePrecision": (auto_precision.ProgressivePrecision,
@@ -192,6 +197,7 @@ EXCLUDED = {
     "keras_amp.OverflowReport", "keras_amp.RecipePlan", "keras_amp.recipes.LayerPolicy",
     "keras_amp.diagnostics.GradientReport", "keras_amp.diagnostics.LayerGradientStats",
     "keras_amp.diagnostics.LayerOverflowStats", "keras_amp.diagnostics.Producer",
+    "keras_amp.diagnostics.SavedActivationsReport", "keras_amp.diagnostics.SavedTensor",
     "keras_amp.auto_precision.Errors", "keras_amp.auto_precision.FallbackDecision",
     "keras_amp.auto_precision.InferenceExport", "keras_amp.auto_precision.LayerDecision",
     "keras_amp.auto_precision.PrecisionChange", "keras_amp.auto_precision.SearchResult",
@@ -213,6 +219,7 @@ ANY_VALUE = {
     ("model_graph.children", "layer"), ("model_graph.walk", "model"), ("model_graph.leaves", "model"),
     ("model_graph.warn_if_built_before_enable", "model"),
     ("GradientProbe", "y"), ("find_overflow", "y"), ("gradient_statistics", "y"), ("check_model", "x"),
+    ("saved_activations", "y"),
     ("export_for_inference", "sample"),
 }
 
@@ -349,6 +356,9 @@ BAD = [
     ("model_graph.boundary", "model", "model", TypeError),
     ("model_graph.boundary", "first", "yes", TypeError),
     ("model_graph.warn_if_built_before_enable", "caller", 3, TypeError),
+    ("model_graph.neighbour_dtypes", "model", "model", TypeError),
+    ("model_graph.neighbour_dtypes", "dtype_of", "float32", TypeError),
+    ("model_graph.neighbour_dtypes", "upstream", "yes", TypeError),
     # distribute
     ("multi_worker", "timeout_seconds", NAN, ValueError),
     ("multi_worker", "timeout_seconds", True, TypeError),
@@ -566,6 +576,11 @@ BAD = [
     ("gradient_statistics", "loss_scale", 0.0, ValueError),
     ("gradient_statistics", "loss_scale", "1", TypeError),
     ("gradient_statistics", "training", "yes", TypeError),
+    ("saved_activations", "model", "model", TypeError),
+    ("saved_activations", "x", None, TypeError),
+    ("saved_activations", "loss", 3, TypeError),
+    ("saved_activations", "loss", "bogus", ValueError),
+    ("saved_activations", "training", "yes", TypeError),
     # automatic precision
     ("Float32Fallback", "probe", "x", TypeError),
     ("Float32Fallback", "max_layers", 0, ValueError),

@@ -99,6 +99,15 @@ def test_normalization_in_16_bits_only_for_layers_that_do_not_upcast():
         ]
     assert findings(one_layer(amp_layers.BatchNormalization()), "low_precision_normalization") == []
     assert findings(one_layer(amp_layers.RMSNormalization()), "low_precision_normalization") == []
+    # Fed by 16-bit layers only (through `x + y` too), the autocast rounds nothing: not flagged.
+    # Fed by a float32 layer or a model input it is.
+    inp = keras.Input((6,))
+    a, b = keras.layers.Dense(6, name="a")(inp), keras.layers.Dense(6, name="b")(inp)
+    f32 = keras.layers.Dense(6, name="f32", dtype="float32")(inp)
+    out = [keras.layers.BatchNormalization(name="bn16")(a + b), keras.layers.BatchNormalization(name="bn_f32")(f32),
+           keras.layers.BatchNormalization(name="bn_input")(inp)]
+    report = check.check_model(keras.Model(inp, out))
+    assert [f.layer for f in report.of_kind("low_precision_normalization")] == ["bn_f32", "bn_input"]
     assert findings(one_layer(UserNorm(dtype="float32")), "low_precision_normalization") == []
     assert findings(one_layer(amp_layers.Float32(UserNorm())), "low_precision_normalization") == []
 

@@ -79,6 +79,23 @@ def test_graph_edges_and_boundaries_cross_operator_nodes_and_nested_models():
     assert "d" in first and len(first) == 2
 
 
+def test_neighbour_dtypes_look_through_operator_nodes_and_stop_at_inputs_and_outputs():
+    model = functional_with_operator_and_nested()
+    model.get_layer("b").dtype_policy = "mixed_bfloat16"
+    by_name = {layer.name: layer for _, layer in mg.walk(model)}
+    up = mg.neighbour_dtypes(model, lambda l: l.compute_dtype, upstream=True)
+    down = mg.neighbour_dtypes(model, lambda l: l.compute_dtype, upstream=False)
+    # The nested model is fed through `a + b`: the dtypes of a and b.
+    assert sorted(up[id(by_name["inner"])]) == ["bfloat16", "float32"]
+    assert up[id(by_name["ln"])] == ("float32",) and down[id(by_name["ln"])] == ("float32",)
+    assert up[id(by_name["a"])] is None  # a model input feeds it
+    assert down[id(by_name["probs"])] is None  # it produces the model output
+    # The nested model's own graph is mapped too: its layer is fed by the nested model's input.
+    assert up[id(by_name["inner_dense"])] is None
+    # A subclassed model's layers are not in a graph: unknown.
+    assert id(subclassed().logits) not in mg.neighbour_dtypes(subclassed(), str, upstream=True)
+
+
 def test_graph_refuses_subclassed_models_and_boundary_falls_back_to_attribute_order():
     model = subclassed()
     with pytest.raises(TypeError, match="Received: model of type Subclassed"):

@@ -63,15 +63,19 @@ def lstm_model():
 def expected(recipe, compute):
     f32 = "float32"
     return {
+        # Batch normalisation after the float32 stem stays float32 (its input is not rounded);
+        # between 16-bit layers it keeps the compute dtype (float32 inside either way), bn_b
+        # too, whose output goes through `x + y` to a 16-bit layer.
         "cnn": {
             "rescale": f32, "stem": f32, "stem_bn": f32, "stem_relu": compute, "conv_a": compute,
-            "bn_a": f32, "relu_a": compute, "conv_b": compute, "bn_b": f32,
+            "bn_a": compute, "relu_a": compute, "conv_b": compute, "bn_b": compute,
             "pool": compute, "logits": f32, "probs": f32,
         },
-        # The head stays in the compute dtype: float32 logits and loss come from the loss.
+        # The head stays in the compute dtype: float32 logits and loss come from the loss; layer
+        # normalisation between 16-bit layers too.
         "transformer": {
-            "embed": compute, "mha": compute, "add_1": compute, "ln_1": f32, "ffn_1": compute,
-            "ffn_2": compute, "add_2": compute, "ln_2": f32, "pool": compute, "head": compute,
+            "embed": compute, "mha": compute, "add_1": compute, "ln_1": compute, "ffn_1": compute,
+            "ffn_2": compute, "add_2": compute, "ln_2": compute, "pool": compute, "head": compute,
         },
         # Recurrences float32 with 16-bit matmuls; the output layer as the transformer's head.
         "rnn": {"lstm": f"matmul16_from_{compute}", "gru": f"matmul16_from_{compute}", "per_step": compute},
@@ -344,7 +348,8 @@ def test_policy_map_is_a_keras_dtype_policy_map():
     plan = recipes.plan_recipe(transformer_encoder(), "transformer")
     pmap = plan.policy_map()
     assert isinstance(pmap, keras.dtype_policies.DTypePolicyMap)
-    assert pmap["ln_1"].name == "float32" and pmap["ffn_1"].name == "mixed_bfloat16"
+    assert pmap["mha/softmax"].name == "mixed_bfloat16" and pmap["ffn_1"].name == "mixed_bfloat16"
+    assert pmap["ln_1"].name == "mixed_bfloat16"  # between 16-bit layers: float32 inside anyway
     assert pmap.default_policy.name == "mixed_bfloat16"
     assert "mha/softmax" in str(plan) and "deny list: softmax" in str(plan)
 
