@@ -65,6 +65,17 @@ def _gradient_equations(equation):
     return f"{out},{query}->{key}", f"{out},{key}->{query}"
 
 
+def _gradient_matmuls(d_key_eq, d_query_eq, g, key, query):
+    """d(key), d(query) from the 16-bit d(scores) `g`: two 16-bit matmuls.
+
+    Through Keras's einsum, which runs MultiHeadAttention's equations as transposes and
+    `tf.matmul` (BatchMatMulV2), as stock's own gradient does; TF's Einsum kernel took 5-6x as long
+    for bfloat16 on a CPU without AVX-512 (Zen 3, TF 2.21: 190 vs 30 ms per matmul at batch 32,
+    4 heads, 128 x 128 x 64).
+    """
+    return ops.einsum(d_key_eq, g, query), ops.einsum(d_query_eq, g, key)
+
+
 @tf.function(jit_compile=True, reduce_retracing=True)
 def _scores_float32_out(equation, key, query, scale):
     """`einsum(equation, key, query) * scale` of 16-bit operands, float32 accumulation and result.
@@ -110,7 +121,7 @@ def float32_scores(equation, key, query, scale):
 
         def grad(upstream):
             g = tf.cast(upstream * scale, low)
-            return tf.einsum(d_key_eq, g, query), tf.einsum(d_query_eq, g, key)
+            return _gradient_matmuls(d_key_eq, d_query_eq, g, key, query)
 
         return result, grad
 
@@ -209,7 +220,7 @@ def compute_dtype_probabilities(equation, key, query, scale, mask, num_axes):
 
         def grad(upstream):
             g = _scores_gradient_compiled(probs, tf.cast(upstream, low), scale_t, axes)
-            return tf.einsum(d_key_eq, g, query), tf.einsum(d_query_eq, g, key)
+            return _gradient_matmuls(d_key_eq, d_query_eq, g, key, query)
 
         return probs, grad
 
