@@ -10,8 +10,19 @@ Two figures, both taken over model build, compile, tracing and `steps` training 
               elsewhere ru_maxrss (then the baseline's own peak may hide a smaller one).
     tf_peak_mib  TensorFlow's allocator peak on the device that trains
               (`tf.config.experimental.get_memory_info(device)["peak"]` after
-              `reset_memory_stats`): GPU:0 on a GPU; on CPU where TF provides it (TF 2.21 does).
-              oneDNN's own scratch buffers are not in it; they are in rss_mib.
+              `reset_memory_stats`): GPU:0 on a GPU; on CPU, TF 2.21 keeps allocator statistics
+              only in its BFC allocator, which oneDNN builds use (AVX-512 CPUs) and
+              TF_CPU_ALLOCATOR_USE_BFC=true (set here unless already set) turns on elsewhere, so
+              every configuration and CPU is measured with the same allocator. oneDNN's own
+              scratch buffers are not in it; they are in rss_mib.
+
+Then, after those figures are taken, one more (deterministic) figure from a trace of the step:
+
+    saved_mib    the forward tensors the backward pass reads, by static shape
+              (`keras_amp.diagnostics.saved_activations`): activation memory without the
+              allocator's timing; saved_upcast_mib is its float32-upcast part, saved_unsized
+              the count of tensors without a static size (an RNN loop's per-step TensorLists,
+              not in saved_mib).
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ import resource
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")  # before TF starts: see the docstring
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tensorflow as tf  # noqa: E402
@@ -85,9 +97,12 @@ def measure(workload: str, name: str, steps: int, smoke: bool, jit) -> dict:
     _tf_memory(device, reset=True)
     tf_before = _tf_memory(device) or 0
     model = workloads.build(workload, name, s, jit)
-    model.fit(workloads.dataset(workload, s), steps_per_epoch=steps, epochs=1, verbose=0, shuffle=False)
+    data = workloads.dataset(workload, s)
+    model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, shuffle=False)
     peak_kib = _peak_rss_kib()
     tf_peak = _tf_memory(device)
+    x, y = next(iter(data))
+    saved = keras_amp.diagnostics.saved_activations(model, x, y)  # same state: keras_amp as built
     keras_amp.disable()
     return {
         "workload": workload,
@@ -97,6 +112,9 @@ def measure(workload: str, name: str, steps: int, smoke: bool, jit) -> dict:
         "rss_exact": hwm_reset,
         "tf_peak_mib": None if tf_peak is None else (tf_peak - tf_before) / MIB,
         "baseline_rss_mib": baseline_kib / 1024,
+        "saved_mib": saved.total_bytes / MIB,
+        "saved_upcast_mib": saved.upcast_bytes / MIB,
+        "saved_unsized": saved.unsized,
         "params": model.count_params(),
     }
 

@@ -1,20 +1,20 @@
 """keras_amp's benchmark suite: step time and peak memory of three workloads, one table.
 
-    python benchmarks/run_all.py                  # the recorded figures (~15 minutes on 2 cores)
+    python benchmarks/run_all.py                  # the recorded figures (~15 minutes on 2 AVX-512 cores)
     QUICK=1 python benchmarks/run_all.py          # fewer blocks and steps (< 3 minutes)
     python benchmarks/run_all.py --smoke          # tiny sizes: checks that everything runs
     python benchmarks/run_all.py --append-notes   # also append the table to BUILD_NOTES.md
 
-Workloads and configurations: see `workloads.py` (CNN, Transformer LM, LSTM LM; float32, stock
-mixed, keras_amp). On a CPU the mixed policy is mixed_bfloat16 (float16 has no fast CPU path; add
+Workloads and configurations: see `workloads.py` (CNN, Transformer LM, LSTM and GRU LMs; float32,
+stock mixed, keras_amp). On a CPU the mixed policy is mixed_bfloat16 (float16 has no fast CPU path; add
 it with `--policies bf16 fp16`); on GPUs every policy the weakest GPU runs fast (bf16 from
 compute capability 8.0, fp16 from 7.0).
 
 Time: per workload one process (`bench_time.py`) trains every configuration alternately in
 interleaved blocks; the table gives the median step and the median over blocks of the per-block
 ratios (side-by-side runs, so load on the machine hits both sides of a ratio). Memory: every
-configuration trains in a process of its own (`bench_memory.py`): peak RSS above the import
-baseline, and TF's allocator peak. Loss scaling: `bench_loss_scale.py`, keras_amp's
+configuration trains in processes of its own (`bench_memory.py`; medians over them): peak RSS
+above the import baseline, TF's allocator peak, and the saved activations (deterministic). Loss scaling: `bench_loss_scale.py`, keras_amp's
 LossScaleOptimizer vs Keras's under mixed_float16.
 """
 
@@ -38,18 +38,22 @@ sys.path.insert(0, str(HERE))
 import workloads  # noqa: E402
 
 # Targets of issue 10 (keras_amp vs stock mixed on the same model, this CPU).
-TIME_TARGET = {"transformer": 1.03, "cnn": 1.02, "lstm": 1.02}
+TIME_TARGET = {"transformer": 1.03, "cnn": 1.02, "lstm": 1.02, "gru": 1.02}
 TRANSFORMER_VS_FLOAT32 = 0.65
 MEMORY_VS_STOCK = 1.03
 MEMORY_VS_FLOAT32 = 0.70
 LOSS_SCALE_TARGET = 1.02
 
-MODES = {  # blocks, steps per block, warm-up steps, memory steps, workloads whose memory is measured
-    "full": dict(blocks=8, steps=15, warmup=3, memory_steps=5, memory=None),
+# blocks, steps per block, warm-up steps, memory steps, memory processes per configuration (the
+# allocator peak depends on the order the executor runs ops in: medians of several), workloads
+# whose memory is measured.
+MODES = {
+    "full": dict(blocks=8, steps=15, warmup=3, memory_steps=5, memory_samples=3, memory=None),
     # Quick: a process per configuration costs an import and a trace, so memory for one workload.
-    "quick": dict(blocks=3, steps=5, warmup=2, memory_steps=2, memory=("transformer",)),
-    "smoke": dict(blocks=1, steps=2, warmup=1, memory_steps=1, memory=None),
+    "quick": dict(blocks=3, steps=5, warmup=2, memory_steps=2, memory_samples=1, memory=("transformer",)),
+    "smoke": dict(blocks=1, steps=2, warmup=1, memory_steps=1, memory_samples=1, memory=None),
 }
+MEMORY_FIGURES = ("rss_mib", "tf_peak_mib", "saved_mib")
 LOSS_SCALE_ARGS = {
     "full": [],
     # A device without a fast float16 path (a CPU) emulates it (~0.6 s a step for the quick MLP on this project's
@@ -111,21 +115,55 @@ def _ratio(a, b):
     return None if a is None or b in (None, 0) else a / b
 
 
+def median_memory(samples: list[dict]) -> dict:
+    """One configuration's memory: the median of each figure over its processes, and their range."""
+    found = dict(samples[0])
+    for fig in MEMORY_FIGURES:
+        values = [r[fig] for r in samples if r.get(fig) is not None]
+        found[fig] = statistics.median(values) if values else None
+        found[fig + "_range"] = (min(values), max(values)) if values else None
+    found["samples"] = len(samples)
+    return found
+
+
+def _memory_rows(memory: dict) -> list[str]:
+    lines = [
+        "",
+        "| model | config | RSS MiB | TF peak MiB (range) | saved MiB | RSS vs stock | TF peak vs stock "
+        "| saved vs stock | RSS vs float32 | TF peak vs float32 | saved vs float32 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for workload, mem in memory.items():
+        for name, m in mem.items():
+            m32, ms = mem.get("float32") or {}, mem.get(_stock_of(name)) or {}
+            span = m.get("tf_peak_mib_range")
+            peak = _fmt(m.get("tf_peak_mib"), ".0f") + (f" ({span[0]:.0f}–{span[1]:.0f})" if span and m["samples"] > 1 else "")
+            saved = _fmt(m.get("saved_mib"), ".1f") + (" + loops" if m.get("saved_unsized") else "")
+            cells = [_fmt(m.get("rss_mib"), ".0f"), peak, saved]
+            for ref in (ms, m32):
+                cells += [_fmt(_ratio(m.get(f), ref.get(f)) if ref is not m else None) for f in MEMORY_FIGURES]
+            lines.append(f"| {workload} | {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def build_table(results: dict, memory: dict, loss_scale: dict | None, header: list[str]) -> tuple[str, list[str]]:
     """The markdown report and the list of target lines (each ending in OK or MISSED)."""
     lines = list(header)
     lines += [
         "",
         "| model | config | head | step ms | throughput | vs float32 | vs stock | block spread vs stock "
-        "| CPU-time vs stock | RSS MiB | TF peak MiB | RSS vs stock | TF peak vs stock | RSS vs float32 "
-        "| TF peak vs float32 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| CPU-time vs stock |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     targets: list[str] = []
-    for workload, res in results.items():
-        blocks = res["blocks"]
+    for workload in dict.fromkeys([*results, *memory]):
+        res = results.get(workload)
         mem = memory.get(workload, {})
-        for name in res["configs"]:
+        for name in (res["configs"] if res else mem):
+            if res is None:  # memory measured, time failed: memory targets only
+                targets += _memory_targets(workload, name, mem)
+                continue
+            blocks = res["blocks"]
             median = statistics.median(blk[name] for blk in blocks)
             rate = res["units_per_step"] / median
             vs32 = paired(blocks, name, "float32")[0] if name != "float32" else None
@@ -135,16 +173,11 @@ def build_table(results: dict, memory: dict, loss_scale: dict | None, header: li
             cpu_vs_stock = paired(cpu_blocks, name, stock)[0] if vs_stock and cpu_blocks else None
             if name.startswith("stock_"):
                 vs_stock = cpu_vs_stock = None
-            m, m32, ms = mem.get(name) or {}, mem.get("float32") or {}, mem.get(stock) or {}
             lines.append(
                 f"| {workload} | {name} | {res['head_dtype'].get(name, '?')} | {median * 1e3:.1f} "
                 f"| {rate:,.0f} {res['unit']}/s | {_fmt(vs32)} | {_fmt(vs_stock and vs_stock[0])} "
                 f"| {'–' if not vs_stock else f'{vs_stock[1]:.3f}–{vs_stock[2]:.3f}'} "
-                f"| {_fmt(cpu_vs_stock)} | {_fmt(m.get('rss_mib'), '.0f')} | {_fmt(m.get('tf_peak_mib'), '.0f')} "
-                f"| {_fmt(_ratio(m.get('rss_mib'), ms.get('rss_mib')))} "
-                f"| {_fmt(_ratio(m.get('tf_peak_mib'), ms.get('tf_peak_mib')))} "
-                f"| {_fmt(_ratio(m.get('rss_mib'), m32.get('rss_mib')) if name != 'float32' else None)} "
-                f"| {_fmt(_ratio(m.get('tf_peak_mib'), m32.get('tf_peak_mib')) if name != 'float32' else None)} |"
+                f"| {_fmt(cpu_vs_stock)} |"
             )
             if "+" in name or not name.startswith("amp_"):
                 continue
@@ -154,13 +187,13 @@ def build_table(results: dict, memory: dict, loss_scale: dict | None, header: li
                                + f" (CPU time: {_fmt(cpu_vs_stock)})")
             if workload == "transformer" and vs32 is not None:
                 targets.append(_target(f"{workload} {name}/float32 time", vs32, TRANSFORMER_VS_FLOAT32))
-            for fig in ("tf_peak_mib", "rss_mib"):
-                r_stock, r_32 = _ratio(m.get(fig), ms.get(fig)), _ratio(m.get(fig), m32.get(fig))
-                label = "TF peak" if fig == "tf_peak_mib" else "RSS"
-                if r_stock is not None:
-                    targets.append(_target(f"{workload} {name}/{stock} {label}", r_stock, MEMORY_VS_STOCK))
-                if r_32 is not None:
-                    targets.append(_target(f"{workload} {name}/float32 {label}", r_32, MEMORY_VS_FLOAT32))
+            targets += _memory_targets(workload, name, mem)
+    if memory:
+        lines += _memory_rows(memory)
+        lines += ["", "Memory: RSS above the import baseline and TF's allocator peak (medians over the processes, "
+                      "range in brackets), saved = the forward tensors the backward pass reads "
+                      "(`keras_amp.diagnostics.saved_activations`, deterministic; \"+ loops\": an RNN loop's "
+                      "per-step tensors, TensorLists without a static size, come on top)."]
     if loss_scale is not None:
         targets.append(_target("loss scaling keras_amp/stock LossScaleOptimizer (mixed_float16, MLP) time",
                                loss_scale["median_ratio"], LOSS_SCALE_TARGET))
@@ -173,6 +206,25 @@ def build_table(results: dict, memory: dict, loss_scale: dict | None, header: li
     lines += ["", "Targets (keras_amp = amp_*, ratios are medians of per-block ratios):", ""]
     lines += [f"- {t}" for t in targets]
     return "\n".join(lines), targets
+
+
+def _memory_targets(workload: str, name: str, mem: dict) -> list[str]:
+    """Target lines for keras_amp's memory vs stock and vs float32 (the saved-activation ratio beside)."""
+    if "+" in name or not name.startswith("amp_"):
+        return []
+    stock = _stock_of(name)
+    m = mem.get(name) or {}
+    found = []
+    for fig, label in (("tf_peak_mib", "TF peak"), ("rss_mib", "RSS")):
+        for ref_name, goal in ((stock, MEMORY_VS_STOCK), ("float32", MEMORY_VS_FLOAT32)):
+            ref = mem.get(ref_name) or {}
+            ratio = _ratio(m.get(fig), ref.get(fig))
+            if ratio is None:
+                continue
+            saved = _ratio(m.get("saved_mib"), ref.get("saved_mib")) if fig == "tf_peak_mib" else None
+            found.append(_target(f"{workload} {name}/{ref_name} {label}", ratio, goal)
+                         + (f" (saved activations: {saved:.3f})" if saved is not None else ""))
+    return found
 
 
 def _target(label: str, value: float, goal: float) -> str:
@@ -205,10 +257,22 @@ def header(device, mode: str, policies, args, load_start: str) -> list[str]:
         f"(and the variants listed) "
         f"trained alternately in {m['blocks']} blocks x {m['steps']} timed steps (warm-up {m['warmup']} "
         f"steps discarded, order rotated), per-batch callback timing, cached repeated tf.data input; "
-        f"jit_compile={args.jit}. Memory: each configuration in its own process, {m['memory_steps']} steps"
+        f"jit_compile={args.jit}. Memory: each configuration in {m['memory_samples']} process(es) of its own, "
+        f"{m['memory_steps']} steps"
         f"{'' if m['memory'] is None else ' (' + ', '.join(m['memory']) + ' only)'}. "
         f"Load average (1/5/15 min) at start: {load_start}; at end: {_load()}.",
-    ]
+    ] + _device_note(device, policies)
+
+
+def _device_note(device, policies) -> list[str]:
+    """A warning line where the measured 16-bit policy has no fast path on this device."""
+    slow = [p for p in policies if not (device.fast_bfloat16 if p == "bf16" else device.fast_float16)]
+    if not slow:
+        return []
+    return [f"- This device has no fast {', '.join(workloads.POLICY[p] for p in slow)} path "
+            "(CPU: no AVX512-BF16/AMX with oneDNN on; GPU: compute capability): the 16-bit matmuls "
+            "are emulated, slower than float32. Ratios vs float32 say nothing about a device with "
+            "one; keras_amp vs stock compares the same emulation."]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,13 +332,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_memory:
         for workload in [w for w in args.workloads if m["memory"] is None or w in m["memory"]]:
             for name in configs + (variants[workload] if args.memory_variants else []):
-                print(f"=== memory: {workload} {name}", flush=True)
-                res = _child("bench_memory.py", [workload, name, "--steps", str(m["memory_steps"]),
-                                                 "--jit", args.jit, *smoke], timeout)
-                if res is None:
+                print(f"=== memory: {workload} {name} ({m['memory_samples']} process(es))", flush=True)
+                samples = [_child("bench_memory.py", [workload, name, "--steps", str(m["memory_steps"]),
+                                                      "--jit", args.jit, *smoke], timeout)
+                           for _ in range(m["memory_samples"])]
+                samples = [r for r in samples if r is not None]
+                if not samples:
                     failed.append(f"memory {workload} {name}")
                 else:
-                    memory.setdefault(workload, {})[name] = res
+                    memory.setdefault(workload, {})[name] = median_memory(samples)
     loss_scale = None
     if not args.no_loss_scale:
         print("=== loss scaling (mixed_float16)", flush=True)

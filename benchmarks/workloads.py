@@ -7,6 +7,7 @@ steps, `--smoke` shrinks everything to check that the code runs):
     transformer  2-block pre-norm Transformer LM, d256, 4 heads, ff 1024, seq 128, batch 32,
                  causal attention, dropout 0.1, a Dense head over a 2048-token vocabulary
     lstm         2x LSTM(256) language model, embedding 128, seq 64, batch 64, vocabulary 1000
+    gru          the same with 2x GRU(256)
 
 Configurations (`NAME_POLICY`):
 
@@ -22,7 +23,8 @@ Transformer's and LSTM's vocabulary projection): `amp_bf16+head32` keeps it floa
 `amp_bf16+head16` in the compute dtype (float32 loss), `amp_bf16+logits` builds it as
 `keras_amp.layers.logits.Logits` (16-bit matmul, float32 accumulation and logits). LSTM only:
 `+amplstm` builds `keras_amp.layers.LSTM` (16-bit matmuls, float32 gates and cell state) instead
-of the stock LSTM, `+lstm16` rules the stock LSTMs into the compute dtype. Tokens combine:
+of the stock LSTM, GRU: `+ampgru` builds `keras_amp.layers.GRU`; `+lstm16` rules the stock
+recurrences into the compute dtype. Tokens combine:
 `amp_bf16+amplstm+logits`. `+f32scores` enables keras_amp with `xla_scores=False` (attention
 QK^T as a float32 matmul instead of the XLA-compiled 16-bit one); `+norm16` rules the
 LayerNormalization layers into the compute dtype (Keras computes their statistics in float32
@@ -42,10 +44,10 @@ import tensorflow as tf
 import keras_amp
 from keras_amp.layers.logits import Logits
 
-WORKLOADS = ("cnn", "transformer", "lstm")
-RECIPE = {"cnn": "cnn", "transformer": "transformer", "lstm": "rnn"}
+WORKLOADS = ("cnn", "transformer", "lstm", "gru")
+RECIPE = {"cnn": "cnn", "transformer": "transformer", "lstm": "rnn", "gru": "rnn"}
 # The layer a "+head32"/"+head16" variant rules on: the model's output projection.
-HEAD = {"cnn": "logits", "transformer": "lm_head", "lstm": "lm_head"}
+HEAD = {"cnn": "logits", "transformer": "lm_head", "lstm": "lm_head", "gru": "lm_head"}
 POLICY = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
@@ -63,11 +65,13 @@ FULL = {
     "cnn": Sizes(batch=128, width=32, image=32),
     "transformer": Sizes(batch=32, seq=128, dim=256, vocab=2048),
     "lstm": Sizes(batch=64, seq=64, dim=128, vocab=1000, width=256),
+    "gru": Sizes(batch=64, seq=64, dim=128, vocab=1000, width=256),
 }
 SMOKE = {
     "cnn": Sizes(batch=8, width=8, image=16),
     "transformer": Sizes(batch=4, seq=16, dim=32, vocab=64),
     "lstm": Sizes(batch=4, seq=8, dim=16, vocab=50, width=16),
+    "gru": Sizes(batch=4, seq=8, dim=16, vocab=50, width=16),
 }
 
 
@@ -125,19 +129,24 @@ def build_transformer(s: Sizes, head=keras.layers.Dense) -> keras.Model:
     return keras.Model(inp, head(s.vocab, name="lm_head")(x), name="transformer_lm")
 
 
-def build_lstm(s: Sizes, head=keras.layers.Dense, lstm=keras.layers.LSTM) -> keras.Model:
+def build_lstm(s: Sizes, head=keras.layers.Dense, rnn=keras.layers.LSTM, name="lstm") -> keras.Model:
     layers = keras.layers
     inp = keras.Input((s.seq,), dtype="int32", name="tokens")
     x = layers.Embedding(s.vocab, s.dim, name="embed")(inp)
-    x = lstm(s.width, return_sequences=True, name="lstm_0")(x)
-    x = lstm(s.width, return_sequences=True, name="lstm_1")(x)
-    return keras.Model(inp, head(s.vocab, name="lm_head")(x), name="lstm_lm")
+    x = rnn(s.width, return_sequences=True, name=f"{name}_0")(x)
+    x = rnn(s.width, return_sequences=True, name=f"{name}_1")(x)
+    return keras.Model(inp, head(s.vocab, name="lm_head")(x), name=f"{name}_lm")
+
+
+def build_gru(s: Sizes, head=keras.layers.Dense, rnn=keras.layers.GRU) -> keras.Model:
+    return build_lstm(s, head, rnn, name="gru")
 
 
 BUILDERS: dict[str, Callable[..., keras.Model]] = {
     "cnn": build_cnn,
     "transformer": build_transformer,
     "lstm": build_lstm,
+    "gru": build_gru,
 }
 
 
@@ -229,6 +238,7 @@ def build(workload: str, name: str, s: Sizes, jit_compile="auto") -> keras.Model
                 continue
             if token == "norm16":  # LayerNormalization layers in the compute dtype (a rule)
                 rules[keras.layers.LayerNormalization] = policy
+                rules[keras.layers.BatchNormalization] = policy
                 continue
             if token == "head32":
                 rules[HEAD[workload]] = "float32"
@@ -237,13 +247,16 @@ def build(workload: str, name: str, s: Sizes, jit_compile="auto") -> keras.Model
             elif token == "logits":
                 rules[HEAD[workload]], kwargs["head"] = policy, Logits
             elif token == "amplstm" and workload == "lstm":
-                kwargs["lstm"] = keras_amp.layers.LSTM
-            elif token == "lstm16" and workload == "lstm":
-                rules[r"lstm_\d"] = policy
+                kwargs["rnn"] = keras_amp.layers.LSTM
+            elif token == "ampgru" and workload == "gru":
+                kwargs["rnn"] = keras_amp.layers.GRU
+            elif token == "lstm16" and workload in ("lstm", "gru"):
+                rules[rf"{workload}_\d"] = policy
             else:
                 raise ValueError(
                     f"Unknown variant {token!r}. Received: name={name!r}. Allowed: head32, head16, logits; "
-                    "for lstm also amplstm (keras_amp.layers.LSTM), lstm16 (a rule: LSTMs in the compute dtype)"
+                    "for lstm also amplstm (keras_amp.layers.LSTM), for gru ampgru (keras_amp.layers.GRU), "
+                    "for both lstm16 (a rule: the recurrences in the compute dtype)"
                 )
         model = BUILDERS[workload](s, **kwargs)
         model = keras_amp.apply_recipe(model, RECIPE[workload], rules=rules or None)
