@@ -338,3 +338,27 @@ def test_recomputed_upcasts_wait_for_the_incoming_gradient():
     assert sum(t.bytes for t in early) >= 8 * 16 * 32 * 4
     # ... and attributed to the layers whose backward pass they belong to.
     assert {t.layer for t in early if t.bytes >= 8 * 16 * 32 * 4} <= {"bn", "ln", "ffn", "(loss)"}
+
+
+@pytest.mark.parametrize("layer", ["layer_norm", "batch_norm"])
+def test_eager_training_step_matches_the_traced_one(layer):
+    # The rules run in eager execution too: a 16-bit eager tensor is its own source (LayerNormalization);
+    # an eager float32 upcast has no producing op, so batch normalisation runs Keras's ops there.
+    # The same gradients up to float32 summation order.
+    keras_amp.enable("mixed_bfloat16")
+    make = {"layer_norm": keras.layers.LayerNormalization, "batch_norm": keras.layers.BatchNormalization}[layer]
+    norm = make()
+    x, _ = _data((4, 6, 8), tf.bfloat16, loc=5.0, seed=18)
+    norm(x, training=True)
+    weight = _weight((4, 6, 8), tf.bfloat16, 19)
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(tf.cast(norm(x, training=True), tf.float64) * weight)
+        return tape.gradient(loss, [x] + norm.trainable_weights)
+
+    eager = step(x)
+    traced = tf.function(step, autograph=False)(x)
+    for a, b in zip(eager, traced):
+        np.testing.assert_allclose(tf.cast(a, tf.float32).numpy(), tf.cast(b, tf.float32).numpy(), rtol=2e-6, atol=1e-6)
