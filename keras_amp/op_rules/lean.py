@@ -171,22 +171,29 @@ def _float32_batch_normalization(x, x16, mean, variance, offset, scale, epsilon)
             inv = inv * scale
         shift = -mean * inv if offset is None else offset - mean * inv
         y = x * inv + shift
+        per_channel = tf.TensorShape([])
+        for t in (mean, variance, *params):
+            per_channel = tf.broadcast_static_shape(per_channel, t.shape)
 
         @_in_scope(scope)
         def grad(dy):
             # y = (x - mean) * r * scale + offset, r = (variance + epsilon) ** -1/2.
+            # Four full-size ops (the upcast, x - mean, its product with dy, dy * inv) and two
+            # reductions to the parameters' broadcast shape; the per-channel factors, constant
+            # over the reduced axes, multiply those sums, not full-size tensors.
             r = tf.math.rsqrt(variance + epsilon)
             d_inv = dy * (recompute_upcast(x16, dy) - mean)
+            sum_d_inv, sum_dy = _sum_to(d_inv, per_channel), _sum_to(dy, per_channel)
             grads = {
                 "x": dy * inv,
-                "mean": _sum_to(-dy * inv, mean.shape),
+                "mean": _sum_to(-sum_dy * inv, mean.shape),
                 # d r / d variance = -r**3 / 2
-                "variance": _sum_to(d_inv * (-0.5 * r**3 * (1.0 if scale is None else scale)), variance.shape),
+                "variance": _sum_to(sum_d_inv * (-0.5 * r**3 * (1.0 if scale is None else scale)), variance.shape),
             }
             if offset is not None:
-                grads["offset"] = _sum_to(dy, offset.shape)
+                grads["offset"] = _sum_to(sum_dy, offset.shape)
             if scale is not None:
-                grads["scale"] = _sum_to(d_inv * r, scale.shape)
+                grads["scale"] = _sum_to(sum_d_inv * r, scale.shape)
             order = ["x", "mean", "variance"] + ["offset"] * has_offset + ["scale"] * has_scale
             return [grads[k] for k in order]
 
