@@ -8,6 +8,8 @@ stock keeps a float32 copy of the 16-bit input, the rule does not, and computes 
 backward pass early.
 """
 
+import collections
+
 import keras
 import numpy as np
 import pytest
@@ -362,3 +364,43 @@ def test_eager_training_step_matches_the_traced_one(layer):
     traced = tf.function(step, autograph=False)(x)
     for a, b in zip(eager, traced):
         np.testing.assert_allclose(tf.cast(a, tf.float32).numpy(), tf.cast(b, tf.float32).numpy(), rtol=2e-6, atol=1e-6)
+
+
+def _full_size_ops(model, x):
+    """Kernels of one traced training step whose output has the shape of `x` (the activation
+    size), by type; Identity and IdentityN forward their input's buffer and are not counted."""
+    loss = keras.losses.MeanSquaredError()
+
+    @tf.function(autograph=False)
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)  # as for a layer behind a convolution: d x is needed
+            y = model(x, training=True)
+            value = loss(tf.zeros_like(y, tf.float32), tf.cast(y, tf.float32))
+        return tape.gradient(value, [x] + model.trainable_weights)
+
+    graph = step.get_concrete_function(tf.TensorSpec(x.shape, x.dtype)).graph
+    return collections.Counter(
+        op.type for op in graph.get_operations()
+        if op.type not in ("Identity", "IdentityN", "Placeholder")
+        and any(o.shape.is_fully_defined() and o.shape == x.shape for o in op.outputs)
+    )
+
+
+def test_batch_normalization_step_has_at_most_two_full_size_ops_more_than_stocks():
+    # The recomputation costs two upcasts (moments' gradient and the normalisation's), and saves
+    # as many elsewhere: every per-channel factor multiplies a reduced sum. With a full-size
+    # product per factor (32 full-size kernels in this step against stock's 27) the lean step
+    # measured 1.17x stock's CNN step on Zen 4; with reduced sums (28) 0.90-0.94x.
+    x = tf.zeros((4, 6, 6, 8), tf.bfloat16)
+
+    def build():
+        layer = keras.layers.BatchNormalization(dtype="mixed_bfloat16")
+        layer.build(x.shape)
+        return layer
+
+    stock = _full_size_ops(build(), x)
+    keras_amp.enable("mixed_bfloat16")
+    lean_ops = _full_size_ops(build(), x)
+    assert lean_ops["Cast"] == stock["Cast"] + 2, (stock, lean_ops)  # the rules ran
+    assert sum(lean_ops.values()) <= sum(stock.values()) + 2, (stock, lean_ops)
