@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -46,12 +47,18 @@ LOSS_SCALE_TARGET = 1.02
 
 # blocks, steps per block, warm-up steps, memory steps, memory processes per configuration (the
 # allocator peak depends on the order the executor runs ops in: medians of several), workloads
-# whose memory is measured.
+# whose memory is measured (None: all) and the kinds of configuration it is measured for, default
+# workloads (None: all), default variants.
 MODES = {
-    "full": dict(blocks=8, steps=15, warmup=3, memory_steps=5, memory_samples=3, memory=None),
-    # Quick: a process per configuration costs an import and a trace, so memory for one workload.
-    "quick": dict(blocks=3, steps=5, warmup=2, memory_steps=2, memory_samples=1, memory=("transformer",)),
-    "smoke": dict(blocks=1, steps=2, warmup=1, memory_steps=1, memory_samples=1, memory=None),
+    "full": dict(blocks=8, steps=15, warmup=3, memory_steps=5, memory_samples=3, memory=None,
+                 memory_kinds=("float32", "stock", "amp"), workloads=None, variants=True),
+    # Quick, under 3 minutes: a process costs an import and a trace (~13 s), so memory for the
+    # Transformer's stock and keras_amp configurations only (float32 in full mode); CNN, Transformer LM
+    # and LSTM (GRU in full mode); no variants.
+    "quick": dict(blocks=3, steps=5, warmup=2, memory_steps=2, memory_samples=1, memory=("transformer",),
+                  memory_kinds=("stock", "amp"), workloads=("cnn", "transformer", "lstm"), variants=False),
+    "smoke": dict(blocks=1, steps=2, warmup=1, memory_steps=1, memory_samples=1, memory=None,
+                  memory_kinds=("float32", "stock", "amp"), workloads=None, variants=True),
 }
 MEMORY_FIGURES = ("rss_mib", "tf_peak_mib", "saved_mib")
 LOSS_SCALE_ARGS = {
@@ -83,6 +90,7 @@ def _child(script: str, args: list[str], timeout: float) -> dict | None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, str(HERE / script), *args, "--json", str(out)]
+        start = time.perf_counter()
         try:
             rc = subprocess.call(cmd, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -91,6 +99,8 @@ def _child(script: str, args: list[str], timeout: float) -> dict | None:
         if rc or not out.exists():
             print(f"  {script} {' '.join(args)}: failed (exit {rc})", flush=True)
             return None
+        what = " ".join(a for a in args[:2] if not a.startswith("-"))
+        print(f"  ({script} {what}: {time.perf_counter() - start:.0f} s)", flush=True)
         return json.loads(out.read_text())
 
 
@@ -279,12 +289,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer blocks and steps (also QUICK=1)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: only checks that it runs")
-    parser.add_argument("--workloads", nargs="+", choices=workloads.WORKLOADS, default=list(workloads.WORKLOADS))
+    parser.add_argument("--workloads", nargs="+", choices=workloads.WORKLOADS,
+                        help="default: all (QUICK=1: cnn transformer lstm)")
     parser.add_argument("--policies", nargs="+", choices=sorted(workloads.POLICY), help="default: by hardware")
     parser.add_argument("--variants", nargs="*", default=None,
                         help="extra configurations (time only), e.g. amp_bf16+head32, or lstm:amp_bf16+amplstm "
                              "for one workload; default: the CNN with keras_amp's GradientStatistics attached "
-                             "and idle (its cost when it does not fire)")
+                             "and idle (its cost when it does not fire); none under QUICK=1")
     parser.add_argument("--memory-variants", action="store_true", help="measure the variants' memory too")
     parser.add_argument("--jit", choices=("auto", "true", "false"), default="auto")
     parser.add_argument("--blocks", type=int, help="override the mode's number of blocks")
@@ -300,10 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     m["blocks"] = args.blocks or m["blocks"]
     m["steps"] = args.steps or m["steps"]
     MODES[mode] = m
+    args.workloads = args.workloads or list(m["workloads"] or workloads.WORKLOADS)
     load_start = _load()
     device = _device()
     policies = tuple(args.policies) if args.policies else default_policies(device)
-    specs = args.variants if args.variants is not None else [f"cnn:amp_{policies[0]}+gradstats"]
+    default_specs = [f"cnn:amp_{policies[0]}+gradstats"] if m["variants"] else []
+    specs = args.variants if args.variants is not None else default_specs
     variants: dict[str, list[str]] = {w: [] for w in args.workloads}
     for spec in specs:
         workload, _, name = spec.rpartition(":")
@@ -331,7 +344,9 @@ def main(argv: list[str] | None = None) -> int:
         results[workload] = res
     if not args.no_memory:
         for workload in [w for w in args.workloads if m["memory"] is None or w in m["memory"]]:
-            for name in configs + (variants[workload] if args.memory_variants else []):
+            kinds = m["memory_kinds"]
+            for name in [c for c in configs if workloads.parse_config(c)[0] in kinds] + (
+                    variants[workload] if args.memory_variants else []):
                 print(f"=== memory: {workload} {name} ({m['memory_samples']} process(es))", flush=True)
                 samples = [_child("bench_memory.py", [workload, name, "--steps", str(m["memory_steps"]),
                                                       "--jit", args.jit, *smoke], timeout)

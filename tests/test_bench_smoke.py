@@ -50,8 +50,8 @@ def test_suite_prints_the_table(tmp_path):
     assert notes.read_bytes() == before  # appended only with --append-notes
 
 
-@pytest.mark.slow
-def test_default_suite_includes_the_idle_gradient_statistics_variant():
+def _planned_runs(argv):
+    """The child processes `run_all.main(argv)` would start: {script: [args, ...]}, none run."""
     import run_all  # noqa: PLC0415  (benchmarks/ is on sys.path above)
 
     captured = {}
@@ -63,12 +63,33 @@ def test_default_suite_includes_the_idle_gradient_statistics_variant():
 
     run_all._child = fake_child
     try:
-        run_all.main(["--smoke", "--workloads", "cnn", "--no-memory", "--no-loss-scale"])
+        run_all.main(argv)
     except SystemExit:
         pass
     finally:
         run_all._child = real
+    return captured
+
+
+@pytest.mark.slow
+def test_default_suite_includes_the_idle_gradient_statistics_variant():
+    captured = _planned_runs(["--smoke", "--workloads", "cnn", "--no-memory", "--no-loss-scale"])
     assert any("amp_bf16+gradstats" in a for calls in captured.values() for args in calls for a in args), captured
+
+
+@pytest.mark.slow
+def test_quick_mode_times_the_three_workloads_without_variants(monkeypatch):
+    # QUICK=1 must stay under 3 minutes: CNN, Transformer LM and LSTM, no variants, memory for one.
+    monkeypatch.setenv("QUICK", "1")
+    captured = _planned_runs(["--no-loss-scale"])
+    timed = [args[0] for args in captured["bench_time.py"]]
+    assert timed == ["cnn", "transformer", "lstm"], captured
+    assert not any("+" in a for args in captured["bench_time.py"] for a in args), captured
+    assert [args[:2] for args in captured["bench_memory.py"]] == [
+        ["transformer", "stock_bf16"], ["transformer", "amp_bf16"]], captured
+    monkeypatch.delenv("QUICK")
+    full = _planned_runs(["--no-memory", "--no-loss-scale"])
+    assert [args[0] for args in full["bench_time.py"]] == list(workloads.WORKLOADS)
 
 
 @pytest.mark.slow
