@@ -47,16 +47,16 @@ from typing import Any, Mapping
 import keras
 from absl import logging
 
-from keras_amp import model_graph
+from keras_amp import model_graph, recipe_roles
 from keras_amp import policy as amp_policy
 from keras_amp import validation
 from keras_amp.op_rules.matmul import PREFIX as MATMUL16_PREFIX
-from keras_amp.op_rules.matmul import matmul16_name, policy_from_name
+from keras_amp.op_rules.matmul import policy_from_name
+from keras_amp.recipe_roles import FLOAT32
 
 RECIPES = ("cnn", "rnn", "transformer")
 # Mixed or float32 only: layers keep their float32 variables (a pure 16-bit policy would need new ones).
 RULE_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
-FLOAT32 = "float32"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,62 +154,22 @@ def _left_as_built(layer: Any) -> str | None:
     return None
 
 
-RNN_ROLE = "rnn: recurrence (gates, nonlinearities and carried state float32, matmuls 16-bit)"
-RNN_CELL_ROLE = "rnn: cell (gates, nonlinearities and carried state float32, matmuls 16-bit)"
-RNN_CELL_INSIDE = "rnn: cell, float32; its matmuls 16-bit under its RNN's policy"
-
-
-def _role(recipe: str, layer: Any, parent: Any, first: bool, last: bool) -> str | None:
-    """The recipe's role for `layer`, or None."""
-    if recipe == "cnn" and first:
-        return "cnn: first layer"
-    if recipe == "cnn" and last:
-        return "cnn: last layer"
-    if recipe == "rnn":
-        if isinstance(layer, keras.layers.Bidirectional):
-            inner = (layer.forward_layer, layer.backward_layer)
-            if not all(model_graph.is_island(i) for i in inner):
-                return RNN_ROLE
-        elif isinstance(layer, keras.layers.RNN):
-            return RNN_ROLE
-        elif isinstance(parent, keras.layers.RNN) and layer is parent.cell:
-            return RNN_CELL_ROLE
-    return None
-
-
-def _role_policy(role: str, compute: str) -> str:
-    # cnn roles: float32; rnn roles: float32 with the compute dtype's 16-bit matmuls.
-    return matmul16_name(compute) if role.startswith("rnn:") else FLOAT32
-
-
-def _saves_its_cell(rnn: Any) -> bool:
-    """Whether `rnn`'s config holds its cell's config (generic RNN) rather than rebuilding it."""
-    try:
-        return "cell" in rnn.get_config()
-    except Exception:  # a third-party RNN whose get_config fails: assume the cell is saved
-        return True
-
-
-def _is_16bit(dtype: str) -> bool:
-    return dtype in ("float16", "bfloat16")
-
-
 def _decide(recipe, layer, parent, model, planned, first, last, compute) -> tuple[str, str]:
     """`layer`'s policy and reason from its parent, the recipe and the deny list (rules come after).
 
     `planned` maps a layer's id to its (policy, reason), parents before children."""
     inherited, parent_reason = planned.get(id(parent), (compute, ""))
-    role = _role(recipe, layer, parent, id(layer) in first, id(layer) in last)
-    if role == RNN_CELL_ROLE:
+    role = recipe_roles.role(recipe, layer, parent, id(layer) in first, id(layer) in last)
+    if role == recipe_roles.RNN_CELL_ROLE:
         if inherited.startswith(MATMUL16_PREFIX):
-            if not _saves_its_cell(parent):  # LSTM, GRU, SimpleRNN build their cell with their dtype
+            if not recipe_roles.saves_its_cell(parent):  # LSTM, GRU, SimpleRNN build their cell with their dtype
                 return inherited, f"as its parent {parent.name!r}"
             # A cell saved in its RNN's config: float32, not the RNN's Matmul16DTypePolicy, which
             # Keras's `Operation.from_config` would turn into a name no policy parses. The rule
             # applies inside the RNN.
-            return FLOAT32, RNN_CELL_INSIDE
-        if parent_reason.startswith(RNN_ROLE):  # the RNN kept its output dtype for its parent's code
-            return _role_policy(role, compute), role
+            return FLOAT32, recipe_roles.RNN_CELL_INSIDE
+        if parent_reason.startswith(recipe_roles.RNN_ROLE):  # the RNN kept its output dtype for its parent's code
+            return recipe_roles.role_policy(role, compute), role
         role = None  # the RNN was decided otherwise (a rule, float32): its cell follows it
     kind = model_graph.op_kind(layer)
     if model_graph.is_graph(parent):
@@ -218,20 +178,20 @@ def _decide(recipe, layer, parent, model, planned, first, last, compute) -> tupl
         if kind is not None:
             return FLOAT32, f"deny list: {kind}"
         if role is not None:
-            return _role_policy(role, compute), role
+            return recipe_roles.role_policy(role, compute), role
         return inherited, f"{recipe}: compute dtype" if parent is model else f"as its parent {parent.name!r}"
     # Called from a subclassed model's or a composite layer's own code, which may mix its output
     # with other tensors (TF adds no implicit casts: float32 + bfloat16 is an error), a layer keeps
     # the dtype relation to its parent it was built with.
-    if _is_16bit(parent.compute_dtype) and layer.compute_dtype != parent.compute_dtype:
+    if recipe_roles.is_16bit(parent.compute_dtype) and layer.compute_dtype != parent.compute_dtype:
         return layer.dtype_policy.name, f"kept: built {layer.compute_dtype} inside a {parent.compute_dtype} parent"
     if kind is not None:
         return inherited, (
             f"deny list: {kind}, computed in float32 by keras_amp's op rules; keeps the policy of "
             f"{parent.name!r}, whose own code may not take a float32 output"
         )
-    if role is not None and inherited != _role_policy(role, compute):
-        if role == RNN_ROLE:
+    if role is not None and inherited != recipe_roles.role_policy(role, compute):
+        if role == recipe_roles.RNN_ROLE:
             return inherited, (
                 f"{role}: its output kept in {inherited} for {parent.name!r}'s own code; its cell "
                 "computes in float32"
@@ -279,50 +239,12 @@ def _plan(model: Any, recipe: str, rules: Any) -> tuple[RecipePlan, list[tuple[A
                     policy, reason = rule_policy, f"rule {shown!r}"
         planned[id(layer)] = (policy, reason)
         out.append((layer, LayerPolicy(path, type(layer).__name__, policy, reason)))
-    _normalization_between_16bit_layers(model, out, planned, compute)
+    recipe_roles.normalization_between_16bit_layers(model, out, planned, compute)
     unused = [shown for i, (_, _, shown) in enumerate(checked_rules) if i not in used]
     if unused:
         logging.warning("apply_recipe: rules matched no layer of %r: %r", model.name, unused)
     plan = RecipePlan(recipe=recipe, compute_policy=compute, layers=tuple(e for _, e in out))
     return plan, out
-
-
-# Stock normalisation layers that compute in float32 inside (Keras 3.15.1: BatchNormalization
-# casts its input up; LayerNormalization computes in at least float32 and rounds its result to its
-# input's dtype). Guarded in tests/test_keras_guards_recipes.py.
-_FLOAT32_INSIDE = (keras.layers.BatchNormalization, keras.layers.LayerNormalization)
-NORM_DENIED = "deny list: normalization"
-NORM_BETWEEN_16BIT = "deny list: normalization, float32 inside; between 16-bit layers: compute dtype"
-
-
-def _normalization_between_16bit_layers(model, out, planned, compute) -> None:
-    """Stock BatchNormalization / LayerNormalization the deny list made float32 keep the compute
-    policy where every layer around them is 16-bit.
-
-    There the float32 policy computes the same numbers: their statistics and normalisation are
-    float32 either way, a 16-bit input is cast up exactly, and the float32 output is rounded by the
-    next layer (LayerNormalization rounds it to its input's dtype itself). It would only cost a
-    float32 output and float32 gradients through the layer. Next to a model input or output, or
-    to a float32 layer or island, they stay float32: a float32 input is then not rounded first.
-    """
-    candidates = [i for i, (layer, e) in enumerate(out) if type(layer) in _FLOAT32_INSIDE and e.reason == NORM_DENIED]
-    if not candidates or not _is_16bit(policy_from_name(compute).compute_dtype):
-        return
-
-    def dtype_of(layer):
-        if model_graph.is_island(layer):
-            return FLOAT32
-        policy = planned.get(id(layer), (layer.dtype_policy.name,))[0]
-        return policy_from_name(policy).compute_dtype
-
-    feeding = model_graph.neighbour_dtypes(model, dtype_of, upstream=True)
-    fed = model_graph.neighbour_dtypes(model, dtype_of, upstream=False)
-    for i in candidates:
-        layer, entry = out[i]
-        around = (feeding.get(id(layer)), fed.get(id(layer)))
-        if all(dtypes and all(_is_16bit(d) for d in dtypes) for dtypes in around):
-            planned[id(layer)] = (compute, NORM_BETWEEN_16BIT)
-            out[i] = (layer, dataclasses.replace(entry, policy=compute, reason=NORM_BETWEEN_16BIT))
 
 
 def _matches(key: Any, layer: Any, path: str) -> bool:

@@ -70,7 +70,7 @@ _RECURRENT = ("keras_amp.layers.recurrent",)
 _FLOAT32 = ("keras_amp.layers.float32",)
 _ATTRIBUTION = ("keras_amp.diagnostics.attribution",)
 _CALLBACKS = ("keras_amp.callbacks",)
-_RECIPES = ("keras_amp.recipes",)
+_RECIPES = ("keras_amp.recipes", "keras_amp.recipe_roles")
 _AUTO = ("keras_amp.auto_precision.schedule", "keras_amp.auto_precision.fallback")
 
 _STOCK = stock_lso.LossScaleOptimizer

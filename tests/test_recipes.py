@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 import keras_amp
-from keras_amp import model_graph, recipes
+from keras_amp import model_graph, recipe_roles, recipes
 
 MIXED = ["mixed_float16", "mixed_bfloat16"]
 # This CPU has no fast float16; enable() says so. The numerics, not the speed, are under test here.
 pytestmark = pytest.mark.filterwarnings("ignore:mixed_.* requested:keras_amp.AmpWarning")
-RNN_ROLE = recipes.RNN_ROLE
+RNN_ROLE = recipe_roles.RNN_ROLE
 
 
 def resnet_cnn():
@@ -290,7 +290,7 @@ def test_rnn_in_a_subclassed_model_keeps_its_output_dtype_and_its_cell_gets_the_
         "mixed_bfloat16",
         f"{RNN_ROLE}: its output kept in mixed_bfloat16 for 'tagger''s own code; its cell computes in float32",
     )
-    assert reasons["lstm/lstm_cell"] == ("matmul16_from_mixed_bfloat16", recipes.RNN_CELL_ROLE)
+    assert reasons["lstm/lstm_cell"] == ("matmul16_from_mixed_bfloat16", recipe_roles.RNN_CELL_ROLE)
     recipes.apply_recipe(model, "rnn")
     out = model(tokens)
     assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
