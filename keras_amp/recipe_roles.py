@@ -16,6 +16,7 @@ import keras
 
 from keras_amp import model_graph
 from keras_amp.op_rules.matmul import matmul16_name, policy_from_name
+from keras_amp.op_rules.table import LOW_PRECISION
 
 FLOAT32 = "float32"
 
@@ -56,14 +57,21 @@ def saves_its_cell(rnn: Any) -> bool:
 
 
 def is_16bit(dtype: str) -> bool:
-    return dtype in ("float16", "bfloat16")
+    return dtype in LOW_PRECISION
 
 
 # Stock normalisation layers that compute in float32 inside (Keras 3.15.1: BatchNormalization
 # casts its input up; LayerNormalization computes in at least float32 and rounds its result to its
 # input's dtype). Guarded in tests/test_keras_guards_recipes.py.
 _FLOAT32_INSIDE = (keras.layers.BatchNormalization, keras.layers.LayerNormalization)
-NORM_DENIED = "deny list: normalization"
+
+
+def deny_reason(kind: str) -> str:
+    """The plan's reason for a layer the deny list made float32 (`model_graph.op_kind` `kind`)."""
+    return f"deny list: {kind}"
+
+
+NORM_DENIED = deny_reason("normalization")
 NORM_BETWEEN_16BIT = "deny list: normalization, float32 inside; between 16-bit layers: compute dtype"
 
 

@@ -176,7 +176,7 @@ def _decide(recipe, layer, parent, model, planned, first, last, compute) -> tupl
         # Keras casts between the layers of a graph (inputs are autocast, operator nodes promote),
         # so a layer's output dtype may change freely here.
         if kind is not None:
-            return FLOAT32, f"deny list: {kind}"
+            return FLOAT32, recipe_roles.deny_reason(kind)
         if role is not None:
             return recipe_roles.role_policy(role, compute), role
         return inherited, f"{recipe}: compute dtype" if parent is model else f"as its parent {parent.name!r}"

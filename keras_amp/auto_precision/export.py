@@ -15,9 +15,9 @@ from typing import Any, Iterable
 
 import keras
 from keras_amp import model_graph, validation
+from keras_amp.op_rules.table import LOW_PRECISION as DTYPES
 from keras_amp.auto_precision import _policies
 
-DTYPES = ("float16", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)

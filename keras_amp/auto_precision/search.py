@@ -32,10 +32,10 @@ import numpy as np
 import tensorflow as tf
 
 from keras_amp import validation
+from keras_amp.op_rules.table import LOW_PRECISION as LOW
 from keras_amp.auto_precision import _policies
 
 FLOAT32 = "float32"
-LOW = ("float16", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,8 +19,8 @@ from keras_amp import model_graph, op_rules
 from keras_amp import policy as amp_policy
 from keras_amp import validation
 from keras_amp.diagnostics import audit
+from keras_amp.op_rules import LOW_PRECISION
 
-LOW_PRECISION = ("float16", "bfloat16")
 # Finding kinds, in the order the report lists them.
 KINDS = (
     "built_before_enable",

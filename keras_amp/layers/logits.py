@@ -21,10 +21,10 @@ from keras import ops
 
 from keras_amp.layers import arguments
 from keras_amp.layers.float32 import float32_value
+from keras_amp.op_rules.table import LOW_PRECISION
 
 # Keras version the `call` override below was written against.
 KERAS_VERSION = "3.15.1"
-LOW_PRECISION = ("float16", "bfloat16")
 
 
 @tf.function(jit_compile=True, reduce_retracing=True)
