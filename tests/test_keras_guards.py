@@ -153,13 +153,17 @@ GUARDS = [
     Guard(f"{_MHA_NAME}._masked_softmax", _MHA.__dict__["_masked_softmax"], "f2b05c4b4388a750", _ATTENTION),
     Guard(f"{_MHA_NAME}._compute_causal_mask", _MHA.__dict__["_compute_causal_mask"], "69d9aaf9eb2651f4",
           _ATTENTION),  # attention._causal_mask builds the same mask
-    # The QK^T einsum rule (originals), and the name-scope stack it reads the calling layer from:
-    # Layer.__call__ enters _open_name_scope -> backend.name_scope(self.name, caller=self).
-    Guard(f"{_K}.backend.tensorflow.numpy.einsum", _O[f"{_K}.backend.tensorflow.numpy.einsum"],
-          "9eb60d0ed811e577", _OP_ATTENTION),
-    Guard(f"{_K}.ops.numpy.Einsum.compute_output_spec", _O[f"{_K}.ops.numpy.Einsum.compute_output_spec"],
-          "c3b23b632d2aafaa", _OP_ATTENTION),
-    # The matmul rule of Matmul16DTypePolicy layers (original), reading the same name-scope stack.
+    # The dataflow rules: the roots of normalisation statistics (originals) and the TensorFlow kernel
+    # of ops.dot_product_attention with the mask helper it calls.
+    Guard(f"{_K}.backend.tensorflow.numpy.sqrt", _O[f"{_K}.backend.tensorflow.numpy.sqrt"],
+          "642f2ad26ab43d29", _OPS),
+    Guard(f"{_K}.backend.tensorflow.math.rsqrt", _O[f"{_K}.backend.tensorflow.math.rsqrt"],
+          "f901ca8dbba55e12", _OPS),
+    Guard(f"{_NN}._dot_product_attention_xla", _O[f"{_NN}._dot_product_attention_xla"],
+          "dee56832e55953fc", _OP_ATTENTION),
+    Guard(f"{_NN}._apply_masks", _O[f"{_NN}._apply_masks"], "002efd810c138eeb", _OP_ATTENTION),
+    # The matmul rule of Matmul16DTypePolicy layers (original), and the name-scope stack it reads
+    # the calling layer from: Layer.__call__ enters _open_name_scope -> backend.name_scope(self.name, caller=self).
     Guard(f"{_K}.backend.tensorflow.numpy.matmul", _O[f"{_K}.backend.tensorflow.numpy.matmul"],
           "9f471e0ba26e3c20", _OP_MATMUL),
     Guard(f"{_K}.layers.layer.Layer.__call__", _O["keras.layers.Layer.__call__"], "4fb7e42e4ffd9b1a",

@@ -10,7 +10,6 @@ from keras import ops
 
 import keras_amp
 from keras_amp import op_rules
-from keras_amp.op_rules import attention as attention_rules
 from keras_amp.op_rules import installer
 from keras_amp.diagnostics import audit
 
@@ -352,145 +351,8 @@ def test_attention_kind_bfloat16_logits_keep_their_differences():
     np.testing.assert_allclose(tf.cast(ours, tf.float64).numpy(), ref_probs, atol=8e-3, rtol=0)  # bf16 ulp at 1: 8e-3
 
 
-# --- attention-score einsums in layers that compute QK^T themselves (keras-hub LlamaAttention) ----
-
-
-class SelfScores(keras.layers.Layer):
-    """Computes QK^T itself with `_dot_product_equation`, as keras-hub's LlamaAttention: not an MHA."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self._dot_product_equation = "bqh,bkh->bqk"
-
-    def call(self, q, k):
-        scores = ops.einsum(self._dot_product_equation, q, k)
-        other = ops.einsum("bqh,bkh->bkq", q, k)  # another einsum of the same layer: left alone
-        return scores, other
-
-
-def _scores_input(choices, seed=0):
-    # 300 + small integers: exact in float16 (ulp 0.25) and, for even choices, bfloat16 (ulp 2);
-    # q.k over 8 entries ~ 7.2e5, past float16's 65504.
-    rng = np.random.RandomState(seed)
-    return [300.0 + rng.choice(choices, (2, 5, 8)).astype(np.float64) for _ in range(2)]
-
-
 def _f64(t):
     return tf.cast(t, tf.float64).numpy()
-
-
-def test_scores_einsum_float16_near_300_is_finite_and_float32_exact():
-    keras_amp.enable("mixed_float16")
-    q, k = _scores_input((-2, -1, 0, 1, 2))
-    ref = np.einsum("bqh,bkh->bqk", q, k)
-    assert ref.min() > 65504  # guard: every logit overflows float16
-    layer = SelfScores()
-    op_rules.uninstall()
-    stock, _ = layer(q, k)
-    assert stock.dtype == tf.float16 and np.isinf(stock.numpy()).all()  # stock float16: inf logits
-    op_rules.install("float16")
-    scores, other = layer(q, k)
-    assert scores.dtype == tf.float32 and other.dtype == tf.float16
-    # Products of float16 numbers are exact in float32; 8 terms near 9e4 sum with relative error
-    # under 8 * 2^-24.
-    np.testing.assert_allclose(_f64(scores), ref, rtol=5e-7, atol=0)
-    # An einsum outside any such layer keeps the compute dtype, even with the same equation.
-    assert ops.einsum("bqh,bkh->bqk", f16(q), f16(k)).dtype == tf.float16
-    # Gradients: the matmuls run in the compute dtype (float16 results), values match float64.
-    qv, kv = tf.Variable(f16(q)), tf.Variable(f16(k))
-    with tf.GradientTape() as tape:
-        s, _ = layer(qv, kv)
-        loss = tf.reduce_sum(s) * 1e-3
-    dq, dk = tape.gradient(loss, [qv, kv])
-    assert dq.dtype == dk.dtype == tf.float16
-    np.testing.assert_allclose(_f64(dq), np.broadcast_to(k.sum(1, keepdims=True) * 1e-3, q.shape), rtol=2e-3)
-    np.testing.assert_allclose(_f64(dk), np.broadcast_to(q.sum(1, keepdims=True) * 1e-3, k.shape), rtol=2e-3)
-
-
-def test_scores_einsum_bfloat16_logits_keep_float32_precision():
-    keras_amp.enable("mixed_bfloat16")
-    q, k = _scores_input((-2, 0, 2))
-    ref = np.einsum("bqh,bkh->bqk", q, k)
-    layer = SelfScores()
-    op_rules.uninstall()
-    stock_error = np.abs(_f64(layer(q, k)[0]) / ref - 1).max()
-    # bfloat16 keeps 8 significant bits: stock's logits are off by up to 2^-9 relative where the
-    # matmul accumulates in float32 and rounds once (oneDNN), more where Eigen (CPUs without
-    # AVX-512) rounds partial sums too.
-    assert 2.0**-12 < stock_error <= 2.0**-6, stock_error
-    op_rules.install("bfloat16")
-    scores, other = layer(q, k)
-    assert scores.dtype == tf.float32 and other.dtype == tf.bfloat16
-    np.testing.assert_allclose(_f64(scores), ref, rtol=5e-7, atol=0)  # float32: 2^-24 per step
-
-
-def test_scores_einsum_symbolic_and_eager_dtypes_match():
-    keras_amp.enable("mixed_float16")
-    q_in, k_in = keras.Input((5, 8)), keras.Input((5, 8))
-    model = keras.Model([q_in, k_in], SelfScores()(q_in, k_in))
-    assert [t.dtype for t in model.outputs] == ["float32", "float16"]
-    assert [t.dtype.name for t in model(_scores_input((-1, 0, 1)))] == ["float32", "float16"]
-    # ops.einsum on KerasTensors (Einsum.compute_output_spec) inside such a layer's name scope.
-    q16 = keras.KerasTensor((2, 5, 8), "float16")
-    with keras.name_scope("scores", caller=SelfScores()):
-        assert ops.einsum("bqh,bkh->bqk", q16, q16).dtype == "float32"
-        assert ops.einsum("bqh,bkh->bkq", q16, q16).dtype == "float16"
-    assert ops.einsum("bqh,bkh->bqk", q16, q16).dtype == "float16"
-
-
-def test_scores_einsum_leaves_multi_head_attention_and_float32_alone():
-    keras_amp.enable("mixed_float16")
-    mha = _identity_mha()
-    assert op_rules.scores_caller(mha._dot_product_equation) is None  # nothing on the stack
-    with keras.name_scope("mha", caller=mha):
-        assert op_rules.scores_caller(mha._dot_product_equation) is None  # its own rule covers it
-    layer = SelfScores(dtype="float32")
-    scores, _ = layer(*_scores_input((-1, 0, 1)))
-    assert scores.dtype == tf.float32  # float32 operands: the stock einsum (nothing to do)
-
-
-def test_scores_einsum_check_runs_only_while_tracing(monkeypatch):
-    keras_amp.enable("mixed_float16")
-    calls = {"check": 0, "scores": 0}
-
-    def counted(key, fn):
-        def wrapper(*args, **kwargs):
-            calls[key] += 1
-            return fn(*args, **kwargs)
-
-        return wrapper
-
-    monkeypatch.setattr(attention_rules, "scores_caller", counted("check", attention_rules.scores_caller))
-    scores = attention_rules.amp_attention.float32_scores
-    monkeypatch.setattr(attention_rules.amp_attention, "float32_scores", counted("scores", scores))
-    layer = SelfScores()
-    q, k = (f16(a) for a in _scores_input((-1, 0, 1)))
-    step = tf.function(lambda q, k: layer(q, k))
-    first = step(q, k)
-    traced = dict(calls)
-    assert traced["scores"] == 1 and traced["check"] >= 2  # guard: the rule ran during the trace
-    for _ in range(3):
-        np.testing.assert_array_equal(step(q, k)[0].numpy(), first[0].numpy())
-    assert calls == traced  # no Python per step: the graph holds only the TF ops
-
-
-def test_scores_einsum_disable_restores_identity():
-    from keras.src.backend.tensorflow import numpy as tf_numpy
-    from keras.src.ops import numpy as ops_numpy
-
-    original, spec = tf_numpy.einsum, ops_numpy.Einsum.__dict__["compute_output_spec"]
-    keras_amp.enable("mixed_bfloat16")
-    assert op_rules.rule_installed(op_rules.SCORES_EINSUM_OP) and tf_numpy.einsum is not original
-    keras_amp.disable()
-    assert tf_numpy.einsum is original and ops_numpy.Einsum.__dict__["compute_output_spec"] is spec
-
-
-def test_scores_einsum_skipped_when_the_name_scope_stack_changed(monkeypatch):
-    # A Keras change to how layers record their caller disables this rule only.
-    monkeypatch.setitem(op_rules.ORIGINAL_DIGESTS, "keras.src.backend.tensorflow.core.name_scope", "0" * 16)
-    with pytest.warns(keras_amp.AmpWarning, match="changed keras.src.backend.tensorflow.core.name_scope"):
-        op_rules.install("float16")
-    assert not op_rules.rule_installed(op_rules.SCORES_EINSUM_OP) and op_rules.rule_installed("softmax")
 
 
 def _scores_matmul_dtypes(model, x):
@@ -510,7 +372,7 @@ def _tiny_llama():
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
-def test_scores_einsum_keras_hub_llama(policy):
+def test_scores_keras_hub_llama(policy):
     keras_amp.enable(policy)
     compute = keras_amp.config().compute_dtype
     model = _tiny_llama()

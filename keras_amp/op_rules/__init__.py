@@ -10,12 +10,14 @@ Modules:
     float32_ops: float32 replacements of single ops (softmax, normalisation, gelu, losses).
     lean: float32 normalisation, gelu and cross-entropy that keep 16-bit tensors, not float32
         copies, for the backward pass.
-    attention: float32 attention scores (MultiHeadAttention, and the QK^T einsum of other layers).
+    attention: float32 attention scores in MultiHeadAttention and `ops.dot_product_attention`.
+    dataflow: attention scores and normalisation statistics found by what the traced graph
+        computes (a matmul of two activations feeding a softmax; a root of a mean of squares),
+        rebuilt in float32.
     matmul: `Matmul16DTypePolicy` (float32 layers with 16-bit matmuls) and its matmul rule.
     installer: replacing and restoring the Keras objects, driven by `keras_amp.enable()`.
 """
 
-from keras_amp.op_rules.attention import scores_caller
 from keras_amp.op_rules.matmul import Matmul16DTypePolicy
 from keras_amp.op_rules.installer import (
     ORIGINALS,
@@ -38,7 +40,9 @@ from keras_amp.op_rules.table import (
     NOT_REACHED,
     ORIGINAL_DIGESTS,
     RULES,
-    SCORES_EINSUM_OP,
+    DOT_PRODUCT_ATTENTION_OP,
+    NORM_STAT_OP,
+    SCORES_OP,
     TARGET_KERAS,
     Rule,
     rules_markdown,
@@ -47,25 +51,26 @@ from keras_amp.op_rules.table import (
 __all__ = [
     "ATTENTION_OP",
     "BOTH",
+    "DOT_PRODUCT_ATTENTION_OP",
     "FLOAT16",
     "GELU_BACKWARD_OP",
     "HAZARD_DTYPES",
     "LOW_PRECISION",
     "MATMUL16_OP",
     "Matmul16DTypePolicy",
+    "NORM_STAT_OP",
     "NOT_REACHED",
     "ORIGINALS",
     "ORIGINAL_DIGESTS",
     "RULES",
     "Rule",
-    "SCORES_EINSUM_OP",
+    "SCORES_OP",
     "TARGET_KERAS",
     "install",
     "installed",
     "replaced",
     "rule_installed",
     "rules_markdown",
-    "scores_caller",
     "source_digests",
     "uninstall",
     "why_not_installed",

@@ -1,26 +1,26 @@
-"""Float32 attention scores: MultiHeadAttention's class-level rule and the QK^T einsum rule.
+"""Float32 attention scores in MultiHeadAttention and in `ops.dot_product_attention`.
 
 `float32_attention` replaces `MultiHeadAttention._compute_attention` (scores, scale, mask and
-softmax in float32; the value einsum stays in the compute dtype). `float32_scores_einsum` covers
-layers that compute QK^T themselves: it reads which layer is calling. `Layer.__call__` runs
-`call` inside `backend.name_scope(self.name, caller=self)`, so the innermost entry of Keras's
-(thread-local) "name_scope_stack" with a caller is the layer whose code runs the einsum. The
-rule's check is a few attribute reads; inside `tf.function` it runs while tracing, not at every
-step.
+softmax in float32, fused into one XLA computation; the value einsum stays in the compute dtype).
+`float32_dot_product_attention` replaces the TensorFlow kernel of `ops.dot_product_attention`.
+Attention written as ops (an einsum, a matmul, `q @ k` and a softmax) is found by dataflow at the
+softmax instead (`keras_amp.op_rules.dataflow`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import keras
 import tensorflow as tf
 
 from keras_amp.layers import attention as amp_attention
 from keras_amp.op_rules.float32_ops import is_16bit
-from keras_amp.op_rules.matmul import innermost_caller
+from keras.src.backend.tensorflow import nn as _tf_nn
 
 _MHA = keras.layers.MultiHeadAttention
+# Keras 3.15.1's mask helper of the kernel above (pinned beside it in the table).
+_APPLY_MASKS = _tf_nn._apply_masks
 
 
 def float32_attention(original: Callable) -> Callable:
@@ -56,65 +56,26 @@ def float32_attention(original: Callable) -> Callable:
     return _compute_attention
 
 
-def scores_caller(subscripts: Any) -> keras.layers.Layer | None:
-    """The innermost calling layer when it computes attention scores as `einsum(subscripts, ...)`.
+def float32_dot_product_attention(original: Callable) -> Callable:
+    """`ops.dot_product_attention`'s TensorFlow kernel with its QK^T in float32.
 
-    That is the innermost entry with a caller on Keras's name-scope stack (`Layer.__call__` runs
-    `call` inside `name_scope(self.name, caller=self)`), when it has `_dot_product_equation ==
-    subscripts` and is not a `keras.layers.MultiHeadAttention` (whose own rule covers it).
+    Keras 3.15's `_dot_product_attention_xla(query, key, value, bias, mask, is_causal, scale)`
+    runs the QK^T einsum in the inputs' dtype and casts the result up for a float32 softmax: a
+    float16 QK^T has already overflowed by then. For 16-bit inputs this computes the scores as
+    16-bit products with float32 accumulation and result (`float32_scores`), then the same
+    scale, bias, mask and float32 softmax, and the value einsum in the inputs' dtype.
     """
-    caller = innermost_caller()
-    if caller is None or isinstance(caller, _MHA):
-        return None
-    equation = getattr(caller, "_dot_product_equation", None)
-    return caller if isinstance(equation, str) and equation == subscripts else None
 
+    def dot_product_attention_xla(query, key, value, bias, mask, is_causal, scale):
+        if not (is_16bit(query) and query.dtype == key.dtype):
+            return original(query, key, value, bias, mask, is_causal, scale)
+        logits = amp_attention.float32_scores("BTNH,BSNH->BNTS", query, key, 1.0)
+        logits = logits * tf.cast(scale, tf.float32)
+        if bias is not None:
+            logits = logits + tf.cast(bias, tf.float32)
+        padded = _APPLY_MASKS(logits, mask, is_causal)
+        probs = tf.cast(tf.nn.softmax(padded, axis=-1), key.dtype)
+        return tf.einsum("BNTS,BSNH->BTNH", probs, value)
 
-def _is_scores_einsum(subscripts: Any, operands: tuple, kwargs: dict) -> bool:
-    # Cheap checks first: this runs for every einsum while the rules are installed (in graph
-    # mode only while tracing).
-    if kwargs or len(operands) != 2 or not isinstance(subscripts, str) or "->" not in subscripts:
-        return False
-    a, b = operands
-    # Mixed 16-bit dtypes (float16 x bfloat16) already promote to float32 in Keras.
-    if not (is_16bit(a) and is_16bit(b)):
-        return False
-    if keras.backend.standardize_dtype(a.dtype) != keras.backend.standardize_dtype(b.dtype):
-        return False
-    return scores_caller(subscripts) is not None
-
-
-def float32_scores_einsum(original: Callable) -> Callable:
-    def einsum(subscripts, *operands, **kwargs):
-        if not _is_scores_einsum(subscripts, operands, kwargs):
-            return original(subscripts, *operands, **kwargs)
-        a, b = (tf.convert_to_tensor(t) for t in operands)
-        equation = subscripts.replace(" ", "")
-        if "." in equation:
-            # Broadcast ellipses: no transposed gradient equations; all of it in float32.
-            return original(subscripts, tf.cast(a, tf.float32), tf.cast(b, tf.float32))
-        # Products of two 16-bit numbers are exact in float32; the float32 sum neither overflows
-        # float16 (QK^T entries near 300 do) nor rounds logits to bfloat16's 8 bits. The result
-        # stays float32: a cast back would bring float16's overflow back. In keras-hub's
-        # LlamaAttention (and its copies) the next ops are the scale multiply (float32 by
-        # promotion, elementwise) and a float32 Softmax layer (which casts 16-bit input up
-        # anyway); the probabilities are cast to the compute dtype before the value einsum, so no
-        # matmul other than this one changes dtype.
-        return amp_attention.float32_scores(equation, a, b, 1.0)
-
-    einsum.__name__ = einsum.__qualname__ = original.__name__
-    return einsum
-
-
-def float32_scores_einsum_spec(original: Callable) -> Callable:
-    # Symbolic route (ops.einsum on KerasTensors); a layer's call on KerasTensors runs on TF
-    # placeholders and reaches the backend einsum above instead.
-    def compute_output_spec(self, *operands):
-        spec = original(self, *operands)
-        if _is_scores_einsum(self.subscripts, operands, {}):
-            return keras.KerasTensor(spec.shape, dtype="float32")
-        return spec
-
-    return compute_output_spec
-
-
+    dot_product_attention_xla.__name__ = dot_product_attention_xla.__qualname__ = original.__name__
+    return dot_product_attention_xla

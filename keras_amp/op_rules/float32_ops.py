@@ -12,6 +12,7 @@ from typing import Any, Callable
 import keras
 import tensorflow as tf
 
+from keras_amp.op_rules import dataflow
 from keras_amp.op_rules.table import LOW_PRECISION
 
 
@@ -37,16 +38,46 @@ def float32_input_dtype(original: Callable) -> Callable:
     return rule
 
 
-def float32_softmax(original: Callable) -> Callable:
-    def softmax(x, axis=-1):
-        if not is_16bit(x):
-            return original(x, axis=axis)
-        output = tf.cast(original(tf.cast(x, tf.float32), axis=axis), x.dtype)
-        # Keras's contract: a softmax output carries its logits, which the cross-entropies use.
-        output._keras_logits = x
+def float32_probabilities(original: Callable) -> Callable:
+    """softmax / log_softmax in float32, on float32 logits rebuilt from their score matmuls.
+
+    In graph mode `dataflow.float32_logits` finds the 16-bit score matmuls (QK^T, however
+    written) whose results reach `x` and recomputes the chain in float32; otherwise a 16-bit
+    `x` is cast up. The result has `x`'s dtype, as the caller's code expects.
+    """
+
+    def rule(x, axis=-1):
+        logits = dataflow.float32_logits(x)
+        if logits is None:
+            if not is_16bit(x):
+                return original(x, axis=axis)
+            logits = tf.cast(x, tf.float32)
+        output = tf.cast(original(logits, axis=axis), x.dtype)
+        if original.__name__ == "softmax":
+            # Keras's contract: a softmax output carries its logits, which the cross-entropies use.
+            output._keras_logits = x
         return output
 
-    return softmax
+    rule.__name__ = rule.__qualname__ = original.__name__
+    return rule
+
+
+def float32_root(original: Callable) -> Callable:
+    """sqrt / rsqrt of a normalisation statistic computed in float32 (`dataflow.float32_statistic`).
+
+    Any other argument (no mean or sum reduction behind it, no 16-bit op on the way, eager
+    execution) goes to the original unchanged. The result has the original's dtype.
+    """
+
+    def rule(x):
+        statistic = dataflow.float32_statistic(x)
+        if statistic is None:
+            return original(x)
+        out = original(statistic)
+        return tf.cast(out, x.dtype) if x.dtype.is_floating else out
+
+    rule.__name__ = rule.__qualname__ = original.__name__
+    return rule
 
 
 def float32_batch_normalization(original: Callable) -> Callable:

@@ -29,17 +29,17 @@ from keras.src.backend.tensorflow import math as tf_math
 from keras.src.backend.tensorflow import nn as tf_nn
 from keras.src.backend.tensorflow import numpy as tf_numpy
 from keras.src.ops import nn as ops_nn
-from keras.src.ops import numpy as ops_numpy
 
 from keras_amp import policy as amp_policy
 from keras_amp import validation
-from keras_amp.op_rules.attention import float32_attention, float32_scores_einsum, float32_scores_einsum_spec
+from keras_amp.op_rules.attention import float32_attention, float32_dot_product_attention
 from keras_amp.op_rules.float32_ops import (
     float32_batch_normalization,
     float32_input_dtype,
     float32_loss,
     float32_loss_spec,
-    float32_softmax,
+    float32_probabilities,
+    float32_root,
 )
 from keras_amp.op_rules.lean import (
     lean_batch_normalization,
@@ -50,9 +50,10 @@ from keras_amp.op_rules.lean import (
 )
 from keras_amp.op_rules.matmul import matmul16
 from keras_amp.op_rules.table import (
-    EINSUM,
-    EINSUM_SPEC,
+    DPA,
     MATMUL,
+    RSQRT,
+    SQRT,
     LOW_PRECISION,
     ORIGINAL_DIGESTS,
     RELIED_ON,
@@ -72,8 +73,8 @@ def _digest(fn: Callable) -> str:
 
 # qualified name -> (owner, attribute, factory(original) -> replacement or None if relied on only).
 _TARGETS: dict[str, tuple[Any, str, Callable | None]] = {
-    f"{TF_NN}.softmax": (tf_nn, "softmax", float32_softmax),
-    f"{TF_NN}.log_softmax": (tf_nn, "log_softmax", float32_input_dtype),
+    f"{TF_NN}.softmax": (tf_nn, "softmax", float32_probabilities),
+    f"{TF_NN}.log_softmax": (tf_nn, "log_softmax", float32_probabilities),
     "keras.src.backend.tensorflow.math.logsumexp": (tf_math, "logsumexp", float32_input_dtype),
     "keras.layers.MultiHeadAttention._compute_attention": (_MHA, "_compute_attention", float32_attention),
     "keras.layers.MultiHeadAttention.call": (_MHA, "call", None),
@@ -95,8 +96,10 @@ _TARGETS: dict[str, tuple[Any, str, Callable | None]] = {
     f"{TF_NN}.binary_crossentropy": (tf_nn, "binary_crossentropy", float32_loss("Sigmoid")),
     "keras.src.ops.nn.BinaryCrossentropy.compute_output_spec": (
         ops_nn.BinaryCrossentropy, "compute_output_spec", float32_loss_spec),
-    EINSUM: (tf_numpy, "einsum", float32_scores_einsum),
-    EINSUM_SPEC: (ops_numpy.Einsum, "compute_output_spec", float32_scores_einsum_spec),
+    RSQRT: (tf_math, "rsqrt", float32_root),
+    SQRT: (tf_numpy, "sqrt", float32_root),
+    DPA: (tf_nn, "_dot_product_attention_xla", float32_dot_product_attention),
+    f"{TF_NN}._apply_masks": (tf_nn, "_apply_masks", None),
     MATMUL: (tf_numpy, "matmul", matmul16),
     "keras.layers.Layer.__call__": (keras.layers.Layer, "__call__", None),
     "keras.layers.Layer._open_name_scope": (keras.layers.Layer, "_open_name_scope", None),

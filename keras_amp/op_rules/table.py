@@ -71,19 +71,44 @@ LEAN = (
     "Memory: the backward pass keeps the 16-bit input, not its float32 upcast, and redoes the "
     "exact upcast there (graph mode; a float32 input that is no upcast is kept as is)"
 )
-EINSUM = "keras.src.backend.tensorflow.numpy.einsum"
-EINSUM_SPEC = "keras.src.ops.numpy.Einsum.compute_output_spec"
 MATMUL = "keras.src.backend.tensorflow.numpy.matmul"
 MATMUL16_OP = "matmul in a layer with a Matmul16DTypePolicy (the \"rnn\" recipe's recurrences)"
 ATTENTION_OP = "MultiHeadAttention scores (QK^T, scale, mask, softmax)"
 GELU_BACKWARD_OP = "gelu, backward pass"
-SCORES_EINSUM_OP = "einsum(layer._dot_product_equation, ...) in other attention layers"
+SCORES_OP = "attention scores feeding softmax / log_softmax (any matmul, einsum or `@` of two activations)"
+NORM_STAT_OP = "rsqrt, sqrt of a normalisation statistic (a mean or sum of squares or deviations)"
+DOT_PRODUCT_ATTENTION_OP = "dot_product_attention"
+SQRT = "keras.src.backend.tensorflow.numpy.sqrt"
+RSQRT = "keras.src.backend.tensorflow.math.rsqrt"
+DPA = f"{TF_NN}._dot_product_attention_xla"
 RULES: tuple[Rule, ...] = (
     Rule("softmax", "softmax", "float32", "input dtype", BOTH, "keras_amp", (f"{TF_NN}.softmax",),
          "exp and the normaliser (a sum over the axis) in float32, one rounding at the end; the "
          "backward sum over the axis runs in float32 too"),
     Rule("log_softmax", "softmax", "float32", "input dtype", BOTH, "keras_amp", (f"{TF_NN}.log_softmax",),
          "the float16 normaliser overflows past 65504 terms: over 70000 classes stock gives -inf"),
+    Rule(SCORES_OP, "attention", "float32", "float32 (into the softmax)", BOTH, "keras_amp",
+         (f"{TF_NN}.softmax", f"{TF_NN}.log_softmax"),
+         "found by dataflow, not by names: in graph mode the softmax's input is walked back through "
+         "scale, bias, mask, add, reshape, transpose, gather, slice and cast to the first matmul "
+         "on each path; a matmul of two activations (no weight operand) with a 16-bit result is "
+         "a score term (DeBERTa has three). The chain is rebuilt in float32: each term a 16-bit "
+         "product with float32 accumulation (XLA-compiled) and 16-bit gradient matmuls, the ops "
+         "after it in float32; the 16-bit originals are left without a consumer and pruned. A "
+         "16-bit infinite constant on the chain (T5's `(1 - mask) * -1e9` in float16) is rebuilt "
+         "as -65504. Value matmuls and Dense layers are not on such a path and keep the compute "
+         "dtype; eager execution has no graph to walk"),
+    Rule(NORM_STAT_OP, "normalization", "float32", "input dtype", BOTH, "keras_amp", (RSQRT, SQRT),
+         "found by dataflow: in graph mode a root whose argument comes (through + eps, a scale, "
+         "E[x^2] - E[x]^2) from a mean or sum of squares or deviations, with a 16-bit op on that "
+         "chain, is rebuilt in float32 from the 16-bit values being normalised (T5's "
+         "`x * rsqrt(mean(x**2) + eps)`: float16 squares overflow past |x| = 256); the result is "
+         "rounded to the dtype the layer's code expects"),
+    Rule(DOT_PRODUCT_ATTENTION_OP, "attention", "float32", "compute dtype", BOTH, "keras_amp", (DPA,),
+         "Keras's TensorFlow kernel computes QK^T in the inputs' dtype and casts it up for the "
+         "softmax, after a float16 overflow; the rule computes it as 16-bit products with float32 "
+         "accumulation, then the same scale, bias, mask and float32 softmax, and the value "
+         "einsum in the compute dtype"),
     Rule("logsumexp", "softmax", "float32", "input dtype", BOTH, "keras_amp",
          ("keras.src.backend.tensorflow.math.logsumexp",),
          "TF sums exp(x - max) in the input dtype: inf in float16 past 65504 terms"),
@@ -94,14 +119,6 @@ RULES: tuple[Rule, ...] = (
          "and result (a float32 matmul under `enable(xla_scores=False)`); probabilities rounded "
          "once to the compute dtype, softmax gradient in float32. Value einsum stays in the "
          "compute dtype; subclasses that keep the stock method (keras-hub) get it too"),
-    Rule(SCORES_EINSUM_OP, "attention", "float32", "float32", BOTH, "keras_amp", (EINSUM, EINSUM_SPEC),
-         "layers that compute QK^T themselves (keras-hub Llama, Mistral, Mixtral, Qwen*, SmolLM3, "
-         "GPT-OSS attention; not MultiHeadAttention, covered above): the einsum whose equation is "
-         "the innermost calling layer's `_dot_product_equation`, on two 16-bit operands, computes "
-         "in float32 (gradient matmuls in the compute dtype). Output float32: a cast back would "
-         "keep float16's overflow. In those keras-hub 0.32 layers the scale, mask and softmax "
-         "follow (float32 by promotion / a float32 Softmax layer) and the probabilities are cast "
-         "to the compute dtype before the value einsum: no other matmul changes dtype"),
     Rule(MATMUL16_OP, "", "compute dtype", "float32", BOTH, "keras_amp", (MATMUL,),
          "a float32 layer (gates, nonlinearities, carried state, bias and output in float32) whose "
          "matmuls take 16-bit operands: cast(matmul(cast(a), cast(b)), float32), float32 "
@@ -182,10 +199,12 @@ ORIGINAL_DIGESTS = {
     "keras.src.ops.nn.SparseCategoricalCrossentropy.compute_output_spec": "1d2704fea7e2f6f6",
     f"{TF_NN}.binary_crossentropy": "3fb0e94214714db1",
     "keras.src.ops.nn.BinaryCrossentropy.compute_output_spec": "4dd48a4bb5ef1272",
-    EINSUM: "9eb60d0ed811e577",
-    EINSUM_SPEC: "c3b23b632d2aafaa",
+    SQRT: "642f2ad26ab43d29",
+    RSQRT: "f901ca8dbba55e12",
+    DPA: "dee56832e55953fc",
+    f"{TF_NN}._apply_masks": "002efd810c138eeb",
     MATMUL: "9f471e0ba26e3c20",
-    # Relied on by the scores-einsum rule: `Layer.__call__` calls `call` inside
+    # Relied on by the matmul rule: `Layer.__call__` calls `call` inside
     # `_open_name_scope()`, which enters `backend.name_scope(self.name, caller=self)`; the
     # TensorFlow backend's name_scope (and its common base) push the entry, `.caller` included,
     # onto the global "name_scope_stack" and pop it on exit.
@@ -202,24 +221,27 @@ _NAME_SCOPE_STACK = (
 )
 RELIED_ON = {
     "keras.layers.MultiHeadAttention._compute_attention": ("keras.layers.MultiHeadAttention.call",),
-    EINSUM: _NAME_SCOPE_STACK,
-    EINSUM_SPEC: _NAME_SCOPE_STACK,
+    DPA: (f"{TF_NN}._apply_masks",),
     MATMUL: _NAME_SCOPE_STACK,
 }
 
 # What no op-level rule reaches (README "what op-level rules cannot reach").
 NOT_REACHED = (
-    "raw `tf.*` calls (`tf.nn.softmax`, `tf.exp`, ...): they bypass Keras's backend functions; "
-    "`keras_amp.diagnostics.audit_model` still sees them and names the layer",
-    "fused kernels that take the whole computation: `ops.dot_product_attention` / flash attention "
-    "(QK^T in the compute dtype; MultiHeadAttention is covered by its own rule unless "
-    "`flash_attention=True`), fused RNN kernels",
-    "attention layers that compute QK^T themselves, other than as `einsum(self._dot_product_equation, "
-    "q, k)` in a layer that is not a MultiHeadAttention: a literal equation or another attribute name "
-    "(keras-hub Gemma, Falcon, GPT-NeoX), `matmul`, a helper layer or function doing the einsum "
-    "(the caller on the name-scope stack is then not the attention layer), and MultiHeadAttention "
-    "subclasses that override `_compute_attention`; their softmax, if it goes through "
-    "`keras.ops.softmax` or a Keras Softmax layer, is still float32, their QK^T is not",
+    "raw `tf.*` calls (`tf.nn.softmax`, `tf.math.rsqrt`, `tf.exp`, ...): they bypass Keras's "
+    "backend functions, which are where the rules sit; the audit (`audit_model`, `check_model` "
+    "with a batch) reports each such op that ran in 16 bits, with its layer",
+    "eager execution: the dataflow rules (attention scores, normalisation statistics) read the "
+    "traced graph, and an eager tensor has no producer to read; `fit`, `predict` and any "
+    "`tf.function` trace. The softmax and normalisation rules still compute in float32 from the "
+    "16-bit input; the audit traces a step and reports the QK^T it would run in 16 bits",
+    "score chains through ops outside the walk's list (a custom op, a `tf.while_loop` or "
+    "another function call between the matmul and the softmax, a chain over 400 ops): left "
+    "as written; the audit names the matmul in 16 bits. Roots written as `x ** -0.5` or "
+    "`1 / x ** 0.5` are not recognised as statistics (the audit lists Pow in float16 as an "
+    "exp-type hazard)",
+    "fused RNN kernels (cuDNN) and flash attention (`flash_attention=True` on "
+    "MultiHeadAttention, the user's explicit choice of a fused kernel; the TensorFlow backend has "
+    "none for `ops.dot_product_attention`)",
     "LSTM/GRU gate and state precision in a cell with a 16-bit policy: the recurrence runs in "
     "the cell's compute dtype (the \"rnn\" recipe's `Matmul16DTypePolicy` and "
     "`keras_amp.layers.LSTM` / `GRU` keep it float32); matmuls written as einsum or convolutions "
