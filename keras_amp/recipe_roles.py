@@ -1,10 +1,11 @@
-"""What a recipe does to one layer: its role, and the normalisation layers between 16-bit layers.
+"""What a recipe does to one layer: its role, a kept deny-list layer's reason, norms between 16-bit layers.
 
 `keras_amp.recipes` plans every layer (parent defaults, roles, the deny list, user rules); this
-module holds the two recipe-specific decisions it calls: the role a recipe gives a layer ("cnn":
-the first and last layers float32; "rnn": recurrences and their cells float32 with 16-bit matmuls)
-and, after the plan, stock BatchNormalization / LayerNormalization between 16-bit layers, which keep
-the compute dtype (float32 inside either way).
+module holds the recipe-specific decisions it calls: the role a recipe gives a layer ("cnn":
+the first and last layers float32; "rnn": recurrences and their cells float32 with 16-bit matmuls),
+the reason a deny-list layer kept in its parent's policy gives (what the op table says its ops then
+compute in, nothing more) and, after the plan, stock BatchNormalization / LayerNormalization
+between 16-bit layers, which keep the compute dtype (float32 inside either way).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import keras
 
-from keras_amp import model_graph
+from keras_amp import model_graph, op_rules
 from keras_amp.op_rules.matmul import matmul16_name, policy_from_name
 from keras_amp.op_rules.table import LOW_PRECISION
 
@@ -69,6 +70,77 @@ _FLOAT32_INSIDE = (keras.layers.BatchNormalization, keras.layers.LayerNormalizat
 def deny_reason(kind: str) -> str:
     """The plan's reason for a layer the deny list made float32 (`model_graph.op_kind` `kind`)."""
     return f"deny list: {kind}"
+
+
+# Stock normalisation layers whose statistics Keras 3.15.1 computes in float32 under any policy
+# (BatchNormalization and GroupNormalization cast up for their moments, LayerNormalization and
+# RMSNormalization compute in at least float32); guarded in tests/test_keras_guards_recipes.py.
+_FLOAT32_STATISTICS = (
+    keras.layers.BatchNormalization,
+    keras.layers.GroupNormalization,
+    keras.layers.LayerNormalization,
+    keras.layers.RMSNormalization,
+)
+# The op-table row (`op_rules.RULES`, `Rule.op`) through which the other deny-list layers Keras
+# defines compute their sensitive op (Keras 3.15.1 sources): by type, or by activation identity.
+_LAYER_OPS = ((keras.layers.Softmax, "softmax"), (keras.layers.UnitNormalization, "normalize"))
+_ACTIVATION_OPS = (
+    (keras.activations.softmax, "softmax"),
+    (keras.activations.log_softmax, "log_softmax"),
+    (keras.activations.exponential, "exp"),
+    (keras.activations.softplus, "softplus"),
+    (keras.activations.log_sigmoid, "log_sigmoid"),
+)
+_WHAT = {"softmax": "its softmax runs", "exp": "its exp/log-type activation runs",
+         "normalization": "its statistics run", "loss": "its activity-regularizer penalty runs"}
+
+
+def _table_op(layer: Any, kind: str) -> str | None:
+    """The op-table op through which `layer` computes its deny-list `kind`, or None if unknown."""
+    if kind == "loss":
+        return "sum"  # Keras's regularizers reduce with ops.sum
+    activation = getattr(layer, "activation", None)
+    found = [op for f, op in _ACTIVATION_OPS if activation is f]
+    found += [op for t, op in _LAYER_OPS if isinstance(layer, t)]
+    return found[0] if found else None
+
+
+def _runs_in(op: str) -> str | None:
+    """What the op table says `op` runs in under the 16-bit policy in force, or None without a row."""
+    for rule in op_rules.RULES:
+        if op not in (name.strip() for name in rule.op.split(";")[0].split(",")):
+            continue
+        if rule.by == "keras_amp" and not op_rules.rule_installed(rule.op):
+            return "compute dtype: its keras_amp rule is not installed"
+        return rule.runs_in
+    return None
+
+
+def kept_deny_reason(kind: str, layer: Any, parent: Any, policy: str) -> str:
+    """The reason for a deny-list layer kept in its parent's `policy`: says only what then computes in what.
+
+    Its parent's own code may not take a float32 output, so the policy stays; whether the hazard
+    is then computed in float32 follows from the layer's traced ops
+    (`model_graph.normalization_dtype`) or from the op table's row for the op it computes.
+    """
+    dtype = policy_from_name(policy).compute_dtype
+    head = (f"deny list: {kind}; kept in {policy}, the policy of {parent.name!r}, whose own code may not "
+            "take a float32 output")
+    what = _WHAT.get(kind, "it runs")
+    if not is_16bit(dtype):
+        return f"{head}; {what} in {dtype}"
+    traced = model_graph.normalization_dtype(layer) if kind == "normalization" else None
+    if traced is not None:
+        return f"{head}; {what} in {traced} (its traced ops)"
+    if kind == "normalization" and isinstance(layer, _FLOAT32_STATISTICS):
+        return f"{head}; {what} in float32 (Keras computes them in float32)"
+    op = _table_op(layer, kind)
+    runs_in = _runs_in(op) if op else None
+    if runs_in == FLOAT32:
+        return f"{head}; {what} in float32 (op table: {op})"
+    if runs_in is not None:
+        return f"{head}; {what} in {dtype} (op table: {op} runs in {runs_in})"
+    return f"{head}; no op rule covers it: {what} in {dtype} unless its own code upcasts"
 
 
 NORM_DENIED = deny_reason("normalization")

@@ -18,7 +18,9 @@ layer `model_graph.walk()` reaches, parents before children, the later one winni
                                     dtype (float32 logits-to-loss by the loss)
     2. deny list     softmax, normalisation, exp/log-type activations, activity-regularizer
                      losses -> float32; stock BatchNormalization / LayerNormalization between
-                     16-bit layers keep the compute dtype (float32 inside either way)
+                     16-bit layers keep the compute dtype (float32 inside either way). Decided
+                     by `model_graph.op_kind`: Keras types, activations by identity, and a graph
+                     layer's own traced ops (a root of a mean of squares), never a name
     3. user rules    layer class or name/path regex -> policy
 
 Roles and the deny list change a layer's output dtype, which Keras handles between the layers of
@@ -26,7 +28,8 @@ a Sequential or functional graph but a subclassed model's or a composite layer's
 not (`float32 + bfloat16` is an error in TF). So a layer called from such code keeps the dtype
 relation to its parent it was built with: it follows its parent, or, built in another dtype than
 a 16-bit parent (keras-hub's float32 softmax in its attention layers), stays as built; its
-deny-list ops are computed in float32 by keras_amp's op rules instead. An RNN there keeps its
+reason says what its deny-list op then computes in (float32 where the op table's rule in force, or
+Keras, computes it in float32; the compute dtype otherwise). An RNN there keeps its
 parent's policy (its output dtype) and only its cell gets the "rnn" role: `RNN.call` casts the
 initial states to the cell's dtype and the outputs to the RNN's, so gates and state are float32
 through the loop and the returned states are rounded once, at the end.
@@ -186,10 +189,7 @@ def _decide(recipe, layer, parent, model, planned, first, last, compute) -> tupl
     if recipe_roles.is_16bit(parent.compute_dtype) and layer.compute_dtype != parent.compute_dtype:
         return layer.dtype_policy.name, f"kept: built {layer.compute_dtype} inside a {parent.compute_dtype} parent"
     if kind is not None:
-        return inherited, (
-            f"deny list: {kind}, computed in float32 by keras_amp's op rules; keeps the policy of "
-            f"{parent.name!r}, whose own code may not take a float32 output"
-        )
+        return inherited, recipe_roles.kept_deny_reason(kind, layer, parent, inherited)
     if role is not None and inherited != recipe_roles.role_policy(role, compute):
         if role == recipe_roles.RNN_ROLE:
             return inherited, (

@@ -83,15 +83,53 @@ class UserNorm(keras.layers.Layer):
         return x / keras.ops.sqrt(keras.ops.mean(keras.ops.square(x), axis=-1, keepdims=True))
 
 
-def test_normalization_in_16_bits_only_for_layers_that_do_not_upcast():
+class MyNorm(keras.layers.Layer):
+    """Named like a normalisation, computes none."""
+
+    def call(self, x):
+        return x * 2.0
+
+
+class Scaler(keras.layers.Layer):
+    """An innocent name over an RMS normalisation in raw TensorFlow, which no op rule reaches."""
+
+    def call(self, x):
+        return x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), axis=-1, keepdims=True) + 1e-6)
+
+
+class Block(keras.layers.Layer):
+    """A composite layer: its sublayer runs in its own code, outside the model's graph."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(16, name="dense")
+        self.scaler = Scaler(name="scaler")
+
+    def call(self, x):
+        return self.scaler(self.dense(x))
+
+
+def test_normalization_is_found_by_what_its_ops_compute():
     keras_amp.enable("mixed_float16")
+    op_rules.uninstall()  # stock Keras ops under the same policy
     assert findings(one_layer(UserNorm(name="n")), "low_precision_normalization") == [
         ("n", "low_precision_normalization")
     ]
-    assert findings(one_layer(keras.layers.UnitNormalization(name="u")), "low_precision_normalization")
+    assert findings(one_layer(keras.layers.UnitNormalization(name="u")), "low_precision_normalization") == [
+        ("u", "low_precision_normalization")
+    ]
+    assert findings(one_layer(UserNorm(dtype="float32")), "low_precision_normalization") == []
+    assert findings(one_layer(amp_layers.Float32(UserNorm())), "low_precision_normalization") == []
+    # A name is no evidence: MyNorm normalises nothing.
+    assert check.check_model(one_layer(MyNorm(name="my_norm"))).of_kind("low_precision_normalization") == []
+    op_rules.install("float16")
     # Stock LayerNormalization/GroupNormalization compute in float32 from float32 inputs: not flagged.
     for layer in (keras.layers.LayerNormalization(), keras.layers.GroupNormalization(groups=2)):
         assert findings(one_layer(layer), "low_precision_normalization") == []
+
+
+def test_batch_and_rms_normalization_autocast_their_inputs():
+    keras_amp.enable("mixed_float16")
     # Stock BatchNormalization/RMSNormalization autocast float32 inputs to float16 first: flagged.
     for layer in (keras.layers.BatchNormalization(name="bn"), keras.layers.RMSNormalization(name="rms")):
         assert findings(one_layer(layer), "low_precision_normalization") == [
@@ -108,8 +146,70 @@ def test_normalization_in_16_bits_only_for_layers_that_do_not_upcast():
            keras.layers.BatchNormalization(name="bn_input")(inp)]
     report = check.check_model(keras.Model(inp, out))
     assert [f.layer for f in report.of_kind("low_precision_normalization")] == ["bn_f32", "bn_input"]
-    assert findings(one_layer(UserNorm(dtype="float32")), "low_precision_normalization") == []
-    assert findings(one_layer(amp_layers.Float32(UserNorm())), "low_precision_normalization") == []
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_a_16_bit_normalisation_inside_a_layer_is_found_by_the_audit(policy):
+    keras_amp.enable(policy)
+    inp = keras.Input((16,))
+    model = keras.Model(inp, keras.layers.Dense(8, dtype="float32")(Block(name="block")(inp)))
+    dtype = keras_amp.config().compute_dtype
+    for x in (None, np.random.RandomState(0).rand(2, 16).astype("float32")):  # a probe batch, then a real one
+        report = check.check_model(model, x)
+        (finding,) = report.of_kind("low_precision_normalization")
+        assert finding.layer == "block/scaler" and f"Rsqrt, RsqrtGrad ran in {dtype}" in finding.message, str(report)
+        # Reported once, as a normalisation (float16's 16-bit Mean is a reduction finding of its own).
+        assert not [f for f in report.of_kind("low_precision_op") if f.message.startswith("normalization")]
+    assert "probe batch of ones (2, 16)" in str(check.check_model(model))
+    model.get_layer("block").dtype_policy = "float32"
+    model.get_layer("block").scaler.dtype_policy = "float32"
+    assert check.check_model(model).of_kind("low_precision_normalization") == []
+
+
+def test_a_subclassed_model_without_input_specs_says_it_was_not_audited():
+    keras_amp.enable("mixed_bfloat16")
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.block = Block(name="block")
+
+        def call(self, x):
+            return self.block(x)
+
+    model = Net()
+    x = np.ones((2, 16), "float32")
+    model(x)
+    report = check.check_model(model)
+    assert not report.of_kind("low_precision_normalization") and "not audited" in report.notes[0]
+    assert [f.layer for f in check.check_model(model, x).of_kind("low_precision_normalization")] == ["block/scaler"]
+
+
+def _tiny_backbone(name):
+    """A one-layer keras-hub backbone with random weights, built offline."""
+    from keras_hub import models
+
+    common = dict(vocabulary_size=32, num_layers=1, hidden_dim=16, intermediate_dim=32, num_query_heads=2,
+                  num_key_value_heads=1)
+    if name == "phi3":  # Phi3LayerNorm
+        return models.Phi3Backbone(max_sequence_length=16, **common)
+    if name == "qwen3":  # Qwen3LayerNorm, on the hidden states and on the query/key heads
+        return models.Qwen3Backbone(head_dim=8, **common)
+    return models.GptOssBackbone(head_dim=8, num_experts=2, top_k=2, **common)  # GptOssLayerNormalization
+
+
+@pytest.mark.parametrize("name", ["phi3", "qwen3", "gpt_oss"])
+def test_keras_hub_rms_norms_that_upcast_are_not_flagged(name):
+    keras_amp.enable("mixed_bfloat16")
+    model = keras_amp.apply_recipe(_tiny_backbone(name), "transformer")
+    batch = {"token_ids": np.ones((2, 8), "int32"), "padding_mask": np.ones((2, 8), "int32")}
+    norms = [r for r in keras_amp.diagnostics.audit_model(model, batch).records if r.op_type == "Rsqrt"]
+    # Guard: the RMS norms inside the decoder and after it ran, each with its statistics in float32.
+    assert len({r.layer_path for r in norms}) >= 3 and "sequence_output_layernorm" in {r.layer_path for r in norms}
+    assert {r.dtype for r in norms} == {"float32"}
+    for x in (None, batch):
+        report = check.check_model(model, x)
+        assert report.of_kind("low_precision_normalization") == [], str(report)
 
 
 def test_exp_activation_in_float16_but_not_bfloat16():

@@ -143,7 +143,7 @@ def test_stock_batch_and_rms_norm_autocast_float32_inputs_to_float16(name):
 
 @pytest.mark.parametrize("name", ["layer_norm", "group_norm", "batch_norm", "rms_norm"])
 def test_builtin_normalization_statistics(name):
-    # check._FLOAT32_INSIDE_NORMS (layer/group norm) hold under mixed_float16 for float32 inputs;
+    # model_graph.NORMALIZATION_LAYERS (layer/group norm) hold under mixed_float16 for float32 inputs;
     # batch/rms norm hold in the float32 policy apply_recipe gives them.
     policy = "mixed_float16" if name in ("layer_norm", "group_norm") else "float32"
     layer, x, y = _norm_output(NORMS[name], policy)

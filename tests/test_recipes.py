@@ -7,9 +7,10 @@ import warnings
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_amp
-from keras_amp import model_graph, recipe_roles, recipes
+from keras_amp import model_graph, op_rules, recipe_roles, recipes
 
 MIXED = ["mixed_float16", "mixed_bfloat16"]
 # This CPU has no fast float16; enable() says so. The numerics, not the speed, are under test here.
@@ -107,7 +108,10 @@ def test_policies_are_exactly_the_recipes_and_set_in_place(recipe, policy):
     if recipe == "transformer":
         assert model.get_layer("mha")._query_dense.dtype_policy.name == policy
         assert plan.policies()["mha/softmax"] == policy
-        assert {e.path: e.reason for e in plan.layers}["mha/softmax"].startswith("deny list: softmax, computed in float32 by keras_amp's op rules")
+        assert {e.path: e.reason for e in plan.layers}["mha/softmax"] == (
+            f"deny list: softmax; kept in {policy}, the policy of 'mha', whose own code may not take a float32 "
+            "output; its softmax runs in float32 (op table: softmax)"
+        )
     if recipe == "rnn":
         lstm = model.get_layer("lstm")
         assert isinstance(lstm.dtype_policy, keras_amp.Matmul16DTypePolicy)
@@ -257,7 +261,7 @@ def test_subclassed_model_is_converted_in_place():
         "embed": "mixed_float16", "attention": "mixed_float16", "norm": "mixed_float16", "logits": "float32",
     }
     reasons = {e.path: e.reason for e in recipes.plan_recipe(model, "transformer").layers}
-    assert reasons["norm"].startswith("deny list: normalization, computed in float32 by keras_amp's op rules")
+    assert reasons["norm"].endswith("its statistics run in float32 (Keras computes them in float32)")
     assert keras.backend.standardize_dtype(model(tokens).dtype) == "float32"
     assert model_graph.is_stale(model) is False and model.dtype_policy.name == "mixed_float16"
 
@@ -387,6 +391,62 @@ def test_deny_list_is_float32_in_every_recipe():
     model = recipes.apply_recipe(deny_model(), "transformer")
     assert type(model.get_layer("softmax")) is keras.layers.Softmax  # no class swap
     assert model.get_layer("softmax").dtype_policy.name == "float32"
+
+
+class MyNorm(keras.layers.Layer):
+    """Named like a normalisation, computes none."""
+
+    def call(self, x):
+        return x * 2.0
+
+
+class Scaler(keras.layers.Layer):
+    """An innocent name over an RMS normalisation in raw TensorFlow."""
+
+    def call(self, x):
+        return x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), axis=-1, keepdims=True) + 1e-6)
+
+
+def test_deny_list_normalization_is_what_the_ops_compute_not_the_name():
+    keras_amp.enable("mixed_bfloat16")
+    inp = keras.Input((8,))
+    x = MyNorm(name="my_norm")(keras.layers.Dense(8, name="d")(inp))
+    out = keras.layers.Dense(8, name="out")(Scaler(name="scaler")(x))
+    plan = recipes.plan_recipe(keras.Model(inp, out), "transformer")
+    reasons = {e.path: (e.policy, e.reason) for e in plan.layers}
+    assert reasons["my_norm"] == ("mixed_bfloat16", "transformer: compute dtype")
+    assert reasons["scaler"] == ("float32", "deny list: normalization")
+
+
+class Heads(keras.Model):
+    """Deny-list layers called from a subclassed model's own code."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(8, name="dense")
+        self.exp = keras.layers.Dense(8, activation="exponential", name="exp")
+        self.probs = keras.layers.Softmax(name="probs")
+
+    def call(self, x):
+        h = self.dense(x)
+        return self.probs(h + self.exp(h))
+
+
+def test_a_kept_deny_list_layer_says_only_what_its_ops_compute():
+    keras_amp.enable("mixed_float16")
+    model = Heads(name="heads")
+    model(np.ones((2, 8), "float32"))
+    reasons = {e.path: e.reason for e in recipes.plan_recipe(model, "transformer").layers}
+    kept = "kept in mixed_float16, the policy of 'heads', whose own code may not take a float32 output"
+    assert reasons["probs"] == f"deny list: softmax; {kept}; its softmax runs in float32 (op table: softmax)"
+    # No op rule computes exp in float32: the reason says so, and claims no float32.
+    assert reasons["exp"] == (
+        f"deny list: exp; {kept}; its exp/log-type activation runs in float16 (op table: exp runs in compute dtype)"
+    )
+    op_rules.uninstall()
+    assert {e.path: e.reason for e in recipes.plan_recipe(model, "transformer").layers}["probs"].endswith(
+        "its softmax runs in float16 (op table: softmax runs in compute dtype: its keras_amp rule is not installed)"
+    )
 
 
 def test_rules_override_recipe_and_deny_list_later_rules_win():

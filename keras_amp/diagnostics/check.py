@@ -1,11 +1,20 @@
 """`check_model()`: a report of a model's mixed-precision hazards, each with its fix.
 
 Findings are data (`Finding(kind, layer, message, fix)`) so diagnostics can build on them; the
-report's `str()` is for people. Without a batch nothing is run: the check reads layer classes,
-dtype policies, variables, output specs and the compiled optimizer/loss, and knows which op rules
-(`keras_amp.op_rules`) are in force. With a batch `x` it also runs the dynamic op audit
-(`keras_amp.diagnostics.audit_model`), which sees inside any layer, and reports every sensitive
-op that ran in 16 bits ("low_precision_op"). A report only: it warns about nothing.
+report's `str()` is for people. Two sources, each finding from evidence, never from a name:
+
+- the dynamic op audit (`keras_amp.diagnostics.audit_model`) of one batch, `x` or, without one, a
+  probe batch of ones shaped like the model's inputs: every sensitive op that ran in 16 bits, by
+  the layer whose call created it ("low_precision_normalization" for normalisation statistics,
+  "low_precision_op" for the rest). Where no batch can be made (a subclassed model never called
+  on symbolic inputs) the report's `notes` say so;
+- a static read of Keras layer types, activations, dtype policies, variables, output specs and
+  the compiled optimizer/loss, knowing which op rules (`keras_amp.op_rules`) are in force: the
+  configuration findings (loss scaling, tensor-core dimensions, variables, outputs, staleness)
+  and the softmax / exp / recurrence / attention layers Keras defines; a graph layer's own ops are
+  traced for a root of a mean of squares (`model_graph.normalization_dtype`).
+
+A report only: it warns about nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ import dataclasses
 from typing import Any
 
 import keras
+import tensorflow as tf
 
 from keras_amp import model_graph, op_rules
 from keras_amp import policy as amp_policy
@@ -35,13 +45,13 @@ KINDS = (
     "no_loss_scaling",
     "dimension_not_multiple_of_8",
 )
-# Stock normalisation layers that take float32 inputs as they are and compute in float32
-# (Keras 3.15.1). Stock BatchNormalization / RMSNormalization also compute their statistics in
-# float32 but autocast their inputs to the compute dtype first, so float32 inputs > 65504 become
-# inf under mixed_float16: they are flagged unless a graph shows only 16-bit layers feeding them.
-# Both facts guarded in test_keras_guards_recipes.py.
-_FLOAT32_INSIDE_NORMS = (keras.layers.LayerNormalization, keras.layers.GroupNormalization)
+# Stock BatchNormalization / RMSNormalization compute their statistics in float32 but autocast
+# their inputs to the compute dtype first, so float32 inputs > 65504 become inf under
+# mixed_float16; the audit sees only float32 statistics, so this one is read from the type. Flagged
+# unless a graph shows only 16-bit layers feeding them. Guarded in test_keras_guards_recipes.py.
 _INPUT_AUTOCAST_NORMS = (keras.layers.BatchNormalization, keras.layers.RMSNormalization)
+# A probe batch: batch size 2, other unknown dimensions (sequence length, image size) 8.
+_PROBE_BATCH, _PROBE_DIM = 2, 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,10 +74,17 @@ class Finding:
 
 @dataclasses.dataclass(frozen=True)
 class ModelReport:
-    """All findings for one model, in `KINDS` order then model order."""
+    """All findings for one model, in `KINDS` order then model order.
+
+    Args:
+        model: String. The model's name.
+        findings: Tuple of `Finding`s.
+        notes: Tuple of strings. How the ops were audited (a probe batch), or why they were not.
+    """
 
     model: str
     findings: tuple[Finding, ...]
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -86,11 +103,13 @@ class ModelReport:
 
     def __str__(self) -> str:
         if self.ok:
-            return f"check_model({self.model!r}): no findings"
-        lines = [f"check_model({self.model!r}): {len(self.findings)} finding(s)"]
+            lines = [f"check_model({self.model!r}): no findings"]
+        else:
+            lines = [f"check_model({self.model!r}): {len(self.findings)} finding(s)"]
         for f in self.findings:
             lines.append(f"  [{f.kind}] {f.layer}: {f.message}")
             lines.append(f"      fix: {f.fix}")
+        lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)
 
 
@@ -156,11 +175,16 @@ def _op_finding(path: str, layer, fed: tuple[str, ...] | None = None) -> Finding
             "(float32 inputs above 65504 overflow in float16; bfloat16 keeps 8 significant bits)",
             f"use keras_amp.layers.{name} (apply_recipe(model, 'cnn') sets it to float32) or {float32_fix}",
         )
-    if kind == "normalization" and not isinstance(layer, _FLOAT32_INSIDE_NORMS):
+    if kind == "normalization":
+        # Evidence: the layer's own traced ops (None outside a graph: the audit attributes those).
+        stats = model_graph.normalization_dtype(layer)
+        if stats not in LOW_PRECISION:
+            return None
         return Finding(
             "low_precision_normalization", path,
-            f"{name} computes normalisation statistics in {dtype} (squares overflow or lose precision)",
-            f"use a keras_amp.layers normalisation layer or {float32_fix}",
+            f"{name}'s ops take a root of a mean of squares in {stats} (squares overflow float16 "
+            "past 256; bfloat16 keeps 8 significant bits)",
+            f"cast to float32 inside its call (as keras-hub's RMS norms do), or {float32_fix}",
         )
     if kind == "loss":
         return Finding(
@@ -220,19 +244,23 @@ def _dimension_findings(path: str, layer) -> list[Finding]:
 def check_model(model: keras.Model, x: Any = None, *, training: bool = False) -> ModelReport:
     """Checks `model` for mixed-precision hazards; returns a `ModelReport` of `Finding`s.
 
-    Kinds (see `KINDS`): softmax / normalisation / exp / loss / recurrence computed in 16 bits;
-    with a batch `x`, every sensitive op that ran in 16 bits, by layer path and op kind (the
-    dynamic audit); a model output that is not float32; float16 or bfloat16 variables; a float16
-    model compiled without a `LossScaleOptimizer`; Dense/Conv/Embedding/attention dimensions not
-    divisible by 8 in 16-bit layers; a model built before `enable()`. Keras's built-in
-    normalisation layers, which upcast internally, keras_amp's float32-island layers, and
-    softmax/attention layers that the op rules in force compute in float32 are not flagged.
+    Kinds (see `KINDS`): softmax / exp / loss / recurrence layers computing in 16 bits; every
+    sensitive op that ran in 16 bits in one batch, by the layer that created it and op kind (the
+    dynamic audit: normalisation statistics as "low_precision_normalization", the rest as
+    "low_precision_op"); a model output that is not float32; float16 or bfloat16 variables; a
+    float16 model compiled without a `LossScaleOptimizer`; Dense/Conv/Embedding/attention
+    dimensions not divisible by 8 in 16-bit layers; a model built before `enable()`. Layers whose
+    ops compute in float32 (keras-hub's RMS norms, Keras's normalisation layers, keras_amp's
+    islands, what the op rules in force cover) are not flagged, whatever they are called.
 
     Args:
         model: A `keras.Model` (Sequential, functional or subclassed; build it first so its
             variables and outputs are known).
         x: None (default) or one batch of the model's input (array, or the dict/list the model
-            takes). Given, the model runs it forward and backward once (`audit_model`).
+            takes). The model runs it forward and backward once (`audit_model`). None: a probe
+            batch of ones shaped like `model.input` (batch 2, other unknown dimensions 8) runs
+            instead, and adds only the ops no static finding covers; without input specs (a
+            subclassed model called eagerly) nothing runs and `notes` say so.
         training: Bool, default False. The `training` flag of that run.
 
     Example:
@@ -259,14 +287,48 @@ def check_model(model: keras.Model, x: Any = None, *, training: bool = False) ->
         found.extend(_dimension_findings(path, layer))
     found.extend(_loss_findings(model))
     found.extend(_output_findings(model))
+    notes: list[str] = []
     if x is not None:
-        found.extend(_audit_findings(model, audit.audit_model(model, x, training=training)))
+        found.extend(_audit_findings(model, audit.audit_model(model, x, training=training), found, probe=False))
+    else:
+        batch, note = _probe_batch(model)
+        if batch is not None:
+            try:
+                report = audit.audit_model(model, batch, training=training)
+            except Exception as e:  # noqa: BLE001 - ones may not be a valid input; the report says so
+                note = (f"not audited: the probe batch of ones could not run ({type(e).__name__}: {e}); "
+                        "pass x= for the op findings")
+            else:
+                found.extend(_audit_findings(model, report, found, probe=True))
+        notes.append(note)
     found.extend(_variable_findings(layers))
     found.extend(_scaling_findings(model, layers))
     found.extend(_stale_findings(model))
     order = {kind: i for i, kind in enumerate(KINDS)}
     findings = tuple(sorted(found, key=lambda f: order[f.kind]))  # stable: model order within a kind
-    return ModelReport(model=model.name, findings=findings)
+    return ModelReport(model=model.name, findings=findings, notes=tuple(notes))
+
+
+def _probe_batch(model) -> tuple[Any, str]:
+    """Ones shaped like `model.input` (batch 2, unknown dimensions 8) and a note, or (None, why)."""
+    try:
+        # A functional (or graph-called) model's symbolic input structure; a Sequential's one input.
+        specs = model.inputs[0] if isinstance(model, keras.Sequential) else model.input
+    except (AttributeError, ValueError, IndexError, TypeError):
+        return None, ("not audited: no batch given and the model records no input specs (unbuilt, or a "
+                      "subclassed model called eagerly); ops inside its layers were not checked: pass x= for "
+                      "the op findings")
+
+    def ones(spec):
+        shape = [(_PROBE_BATCH if i == 0 else _PROBE_DIM) if d is None else d for i, d in enumerate(spec.shape)]
+        return tf.ones(shape, dtype=spec.dtype)
+
+    try:
+        batch = keras.tree.map_structure(ones, specs)
+    except (TypeError, ValueError) as e:  # a string input (preprocessing): no ones of that dtype
+        return None, f"not audited: no probe batch for the model's inputs ({e}); pass x= for the op findings"
+    shapes = ", ".join(str(tuple(t.shape)) for t in keras.tree.flatten(batch))
+    return batch, f"ops audited on a probe batch of ones {shapes}; pass x= to audit your data's ops"
 
 
 _AUDIT_FIX = {
@@ -275,6 +337,11 @@ _AUDIT_FIX = {
         "float32; a layer with its own QK^T: use keras_amp.layers.MultiHeadAttention or compute it in float32"
     ),
 }
+# Static findings about what a layer's ops compute: a probe batch adds nothing for their layers.
+_OP_FINDING_KINDS = (
+    "low_precision_softmax", "low_precision_normalization", "low_precision_exp", "low_precision_loss",
+    "low_precision_recurrence",
+)
 _AUDIT_FIX_DEFAULT = (
     "compute this layer in float32 (dtype='float32', keras_amp.layers.Float32(...), or apply_recipe(..., "
     "rules={{{path!r}: 'float32'}})); under keras_amp.enable() the op rules cover keras.ops calls, "
@@ -282,20 +349,35 @@ _AUDIT_FIX_DEFAULT = (
 )
 
 
-def _audit_findings(model, report: audit.AuditReport) -> list[Finding]:
-    """One "low_precision_op" finding per (layer path, op kind), naming the ops, dtypes and passes."""
+def _covered(path: str, paths: set[str]) -> bool:
+    """Whether `path` or a layer above it is among `paths`."""
+    return any(path == p or path.startswith(f"{p}/") for p in paths)
+
+
+def _audit_findings(model, report: audit.AuditReport, static: list[Finding], *, probe: bool) -> list[Finding]:
+    """One finding per (layer path, op kind) that ran in 16 bits, naming the ops, dtypes and passes.
+
+    Normalisation ops are "low_precision_normalization" (once per layer beside a static one),
+    the rest "low_precision_op". From a probe batch only what no static finding of the layer (or
+    of a layer above it) already reports is added: the user gave no batch, so one finding each.
+    """
+    normalised = {f.layer for f in static if f.kind == "low_precision_normalization"}
+    explained = {f.layer for f in static if f.kind in _OP_FINDING_KINDS}
     groups: dict[tuple[str, str], list[audit.OpRecord]] = {}
     for record in report.low_precision():
         groups.setdefault((record.layer_path, record.category), []).append(record)
     findings = []
     for (path, category), records in groups.items():
+        path = path or model.name
+        kind = "low_precision_normalization" if category == "normalization" else "low_precision_op"
+        if (kind == "low_precision_normalization" and path in normalised) or (probe and _covered(path, explained)):
+            continue
         ops = ", ".join(sorted({r.op_type for r in records}))
         dtypes = "/".join(sorted({r.dtype for r in records}))
         phases = " and ".join(p for p in audit.PHASES if any(r.phase == p for r in records))
         findings.append(Finding(
-            "low_precision_op", path or model.name,
-            f"{category} op(s) {ops} ran in {dtypes} in the {phases} pass",
-            _AUDIT_FIX.get(category, _AUDIT_FIX_DEFAULT.format(path=path or model.name)),
+            kind, path, f"{category} op(s) {ops} ran in {dtypes} in the {phases} pass",
+            _AUDIT_FIX.get(category, _AUDIT_FIX_DEFAULT.format(path=path)),
         ))
     return findings
 

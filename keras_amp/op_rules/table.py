@@ -245,13 +245,17 @@ NOT_REACHED = (
     "LSTM/GRU gate and state precision in a cell with a 16-bit policy: the recurrence runs in "
     "the cell's compute dtype (the \"rnn\" recipe's `Matmul16DTypePolicy` and "
     "`keras_amp.layers.LSTM` / `GRU` keep it float32); matmuls written as einsum or convolutions "
-    "in a `Matmul16DTypePolicy` layer stay float32",
+    "in a `Matmul16DTypePolicy` layer stay float32 (the recurrence's dtype is a layer's policy, "
+    "not an op: `check_model` reports a 16-bit cell as low_precision_recurrence)",
     "code that casts for itself: a rule sees the dtype it is given, so a value already rounded "
-    "(or overflowed) to 16 bits before the op stays rounded; a float32 input stays float32",
+    "(or overflowed) to 16 bits before the op stays rounded; a float32 input stays float32 (the "
+    "audit records the dtype each sensitive op actually ran in)",
     "results whose range is the hazard (exp(x > 11.09), a sum above 65504 in float16): the "
-    "output dtype contract is kept, so these need a float32 layer (`apply_recipe` rules)",
+    "output dtype contract is kept, so these need a float32 layer (`apply_recipe` rules); the "
+    "audit lists Exp and forward Sum/Mean in float16 with their layer",
     "gradient reductions TensorFlow's autodiff inserts (broadcast `Sum`s) in the compute dtype; "
-    "the loss-scale optimizer skips a step whose gradients overflow",
+    "the loss-scale optimizer skips a step whose gradients overflow, and `find_overflow` names "
+    "the layer whose gradient did",
 )
 
 

@@ -270,27 +270,50 @@ def test_rules_run_while_tracing_not_per_step(monkeypatch):
     assert len(calls) == 1  # the graph holds only TF ops
 
 
-@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
-def test_fit_and_a_custom_loop_train_through_the_rebuilt_scores(jit_compile):
-    keras_amp.enable("mixed_float16")
+class ScoresBlock(keras.layers.Layer):
+    """QK^T as `q @ k^T` on tensors, a scale and a softmax: nothing a name-based rule could key on."""
 
-    class Scores(keras.layers.Layer):
-        def build(self, shape):
-            self.q = keras.layers.Dense(8)
-            self.k = keras.layers.Dense(8)
+    def build(self, shape):
+        self.q = keras.layers.Dense(8)
+        self.k = keras.layers.Dense(8)
 
-        def call(self, x):
-            s = self.q(x) @ tf.transpose(self.k(x), (0, 2, 1))
-            return ops.matmul(ops.softmax(s * 0.01), x)
+    def call(self, x):
+        s = self.q(x) @ tf.transpose(self.k(x), (0, 2, 1))
+        return ops.matmul(ops.softmax(s * 0.01), x)
 
+
+class SubclassedScores(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.scores = ScoresBlock()
+        self.head = keras.layers.Dense(1, dtype="float32")
+
+    def call(self, x):
+        return self.head(self.scores(x))
+
+
+def _scores_model(kind):
+    if kind == "subclassed":
+        model = SubclassedScores()
+        model(np.zeros((1, 5, 8), "float32"))
+        return model, model.scores
     inputs = keras.Input((5, 8))
-    model = keras.Model(inputs, keras.layers.Dense(1, dtype="float32")(Scores()(inputs)))
+    scores = ScoresBlock()
+    return keras.Model(inputs, keras.layers.Dense(1, dtype="float32")(scores(inputs))), scores
+
+
+@pytest.mark.parametrize("kind", ["functional", "subclassed"])
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
+def test_fit_and_a_custom_loop_train_through_the_rebuilt_scores(jit_compile, kind):
+    keras_amp.enable("mixed_float16")
+    model, scores = _scores_model(kind)
     x = np.random.RandomState(0).normal(size=(4, 5, 8)).astype("float32") * 30
     y = np.ones((4, 5, 1), "float32")
     model.compile(optimizer=keras_amp.wrap(keras.optimizers.SGD(1e-3)), loss="mse", jit_compile=jit_compile)
     history = model.fit(x, y, epochs=2, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
-    q_kernel = model.layers[1].q.kernel
+    assert scores.q.compute_dtype == "float16"  # guard: the layer really runs in 16 bits
+    q_kernel = scores.q.kernel
     before = q_kernel.numpy().copy()
 
     x, y = tf.constant(x), tf.constant(y)
@@ -328,3 +351,25 @@ def test_dot_product_attention_scores_float32_stock_is_not(policy):
         out = fn(*args, scale=scale)
         assert out.dtype == dtype
         np.testing.assert_allclose(np64(out), ref, atol=8 * ulp * np.abs(v).max(), rtol=0)
+
+
+def _graph_op_count(model, x):
+    graph = tf.function(lambda x: model(x, training=True)).get_concrete_function(x).graph
+    return len(graph.get_operations())
+
+
+@pytest.mark.parametrize("policy", MIXED)
+def test_no_new_ops_for_multi_head_attention_and_keras_norms(policy, monkeypatch):
+    # MultiHeadAttention's own rule computes its scores in one compiled call, and Keras's
+    # LayerNormalization computes in float32: the dataflow rules find nothing to rebuild there,
+    # so the traced step is op for op the one without them (no new cost).
+    keras_amp.enable(policy)
+    inputs = keras.Input((6, 16))
+    h = keras.layers.LayerNormalization()(inputs)
+    h = keras.layers.MultiHeadAttention(2, 8)(h, h)
+    model = keras.Model(inputs, keras.layers.Dense(4)(h))
+    x = tf.ones((2, 6, 16))
+    with_rules = _graph_op_count(model, x)
+    monkeypatch.setattr(dataflow, "float32_logits", lambda x: None)
+    monkeypatch.setattr(dataflow, "float32_statistic", lambda x: None)
+    assert _graph_op_count(model, x) == with_rules
