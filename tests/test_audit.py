@@ -252,3 +252,28 @@ def test_backward_ops_made_outside_the_gradient_scope_are_backward():
     assert sums and not any(r.op_name.startswith("gradient_tape/") for r in sums)  # guard
     assert {r.phase for r in sums} == {"backward"}
     assert not [r for r in report.low_precision() if r.category == "reduction"]
+
+
+class _Standardise(keras.layers.Layer):
+    """(x - mean) / sqrt(var + eps) with keras.ops: no Rsqrt anywhere."""
+
+    def call(self, x):
+        mean = keras.ops.mean(x, axis=-1, keepdims=True)
+        var = keras.ops.mean(keras.ops.square(x - mean), axis=-1, keepdims=True)
+        return (x - mean) / keras.ops.sqrt(var + 1e-6) + keras.ops.sqrt(keras.ops.abs(x))
+
+
+def test_a_root_of_a_statistic_is_normalisation_any_other_sqrt_is_not():
+
+    x = np.random.RandomState(0).normal(size=(2, 8)).astype("float32")
+    keras.config.set_dtype_policy("mixed_float16")
+    stock = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8), _Standardise(name="standardise")])
+    found = [r for r in audit.audit_model(stock, x).low_precision() if r.op_type == "Sqrt"]
+    # One Sqrt is the statistic's root (recorded, in float16); sqrt(|x|) is not a statistic.
+    assert [(r.category, r.layer_path, r.dtype) for r in found] == [("normalization", "standardise", "float16")]
+    keras.config.set_dtype_policy("float32")
+    keras_amp.enable("mixed_float16")
+    ours = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8), _Standardise(name="standardise")])
+    records = [r for r in audit.audit_model(ours, x).records if r.op_type == "Sqrt" and r.phase == "forward"]
+    assert records and all(r.category == "normalization" for r in records)  # guard: seen
+    assert not [r for r in records if r.low_precision], records

@@ -23,6 +23,7 @@ import keras
 import tensorflow as tf
 
 from keras_amp import op_rules
+from keras_amp.op_rules import dataflow
 from keras_amp import validation
 from keras_amp.diagnostics import attribution
 
@@ -300,6 +301,8 @@ def audit_model(model: keras.Model, x: Any, *, training: bool = False, backward:
     for name, op, path, phase in graph_ops(trace):
         path_of[name] = path
         category = SENSITIVE_OPS.get(op.type)
+        if op.type == "Sqrt" and phase == "forward" and dataflow.is_statistic(op.inputs[0]):
+            category = "normalization"  # (x - mean) / sqrt(var + eps): a root of a statistic
         dtype = op_dtype(op) if category else None
         if dtype is None:
             continue

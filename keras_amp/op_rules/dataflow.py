@@ -282,3 +282,12 @@ def float32_statistic(x: Any) -> tf.Tensor | None:
     that chain computed in 16 bits.
     """
     return _run(x, ABOVE)
+
+
+def is_statistic(x: tf.Tensor) -> bool:
+    """Whether graph tensor `x` is computed (through `+ eps`, a scale) from a mean or sum reduction
+    of squares or deviations: the argument of a normalisation's root. For the audit."""
+    try:
+        return isinstance(x, tf.Tensor) and getattr(x, "graph", None) is not None and _Walk(ABOVE).reaches(x)
+    except _TooLong:
+        return False
