@@ -1,9 +1,8 @@
 """keras_amp's benchmark suite: step time and peak memory of three workloads, one table.
 
-    python benchmarks/run_all.py                  # the recorded figures (~15 minutes on 2 AVX-512 cores)
+    python benchmarks/run_all.py                  # the recorded figures, written to benchmarks/RESULTS.md
     QUICK=1 python benchmarks/run_all.py          # fewer blocks and steps (< 3 minutes)
     python benchmarks/run_all.py --smoke          # tiny sizes: checks that everything runs
-    python benchmarks/run_all.py --append-notes   # also append the table to BUILD_NOTES.md
 
 Workloads and configurations: see `workloads.py` (CNN, Transformer LM, LSTM and GRU LMs; float32,
 stock mixed, keras_amp). On a CPU the mixed policy is mixed_bfloat16 (float16 has no fast CPU path; add
@@ -285,6 +284,14 @@ def _device_note(device, policies) -> list[str]:
             "one; keras_amp vs stock compares the same emulation."]
 
 
+RESULTS_HEADER = """# Benchmark results
+
+Written by `make bench` (`benchmarks/run_all.py`); each run replaces this file. Ratios are medians
+of per-block ratios measured side by side in one run: compare figures only within one table.
+
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer blocks and steps (also QUICK=1)")
@@ -302,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="override the mode's timed steps per block")
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--no-loss-scale", action="store_true")
-    parser.add_argument("--append-notes", action="store_true", help="append the table to BUILD_NOTES.md")
+    parser.add_argument("--results", help="write the report here (default: benchmarks/RESULTS.md, except --smoke)")
     parser.add_argument("--json", help="also write every raw result here")
     args = parser.parse_args(argv)
     quick = args.quick or os.environ.get("QUICK", "").strip() not in ("", "0")
@@ -378,10 +385,10 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + text, flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"time": results, "memory": memory, "loss_scale": loss_scale}, indent=1))
-    if args.append_notes:
-        with open(ROOT / "BUILD_NOTES.md", "a") as f:
-            f.write("\n" + text + "\n")
-        print("appended to BUILD_NOTES.md")
+    results = args.results or (None if args.smoke else str(ROOT / "benchmarks" / "RESULTS.md"))
+    if results:
+        Path(results).write_text(RESULTS_HEADER + text + "\n")
+        print(f"written to {results}")
     return 1 if failed else 0
 
 

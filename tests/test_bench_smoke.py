@@ -32,11 +32,12 @@ def test_unknown_configuration_is_refused():
 @pytest.mark.slow
 def test_suite_prints_the_table(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", QUICK="")
-    notes = ROOT / "BUILD_NOTES.md"
-    before = notes.read_bytes()
+    results = ROOT / "benchmarks" / "RESULTS.md"
+    before = results.read_bytes() if results.exists() else None
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "run_all.py"), "--smoke", "--workloads", "transformer",
-         "--variants", "amp_bf16+logits", "--json", str(tmp_path / "raw.json")],
+         "--variants", "amp_bf16+logits", "--json", str(tmp_path / "raw.json"),
+         "--results", str(tmp_path / "RESULTS.md")],
         capture_output=True, text=True, timeout=600, env=env, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -47,7 +48,9 @@ def test_suite_prints_the_table(tmp_path):
         assert f"| transformer | {name} |" in out
     assert "Targets" in out and "loss scaling keras_amp/stock" in out
     assert (tmp_path / "raw.json").exists()
-    assert notes.read_bytes() == before  # appended only with --append-notes
+    written = (tmp_path / "RESULTS.md").read_text()
+    assert written.startswith("# Benchmark results") and "| transformer | amp_bf16 |" in written
+    assert (results.read_bytes() if results.exists() else None) == before  # only where --results says
 
 
 def _planned_runs(argv):
