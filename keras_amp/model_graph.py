@@ -11,7 +11,8 @@ diagnostics stand on this module.
 
 Written against Keras 3.15.1: a functional model's graph is recorded only in private attributes
 (`_nodes_by_depth`, `Node.parent_nodes`, `KerasTensor._keras_history`) and a layer's children only
-in `Layer._flatten_layers`; tests/test_keras_guards_recipes.py guards each of them.
+in `Layer._flatten_layers`; keras_amp._compat pins them and tests/test_keras_guards_recipes.py
+guards their behaviour.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, Callable, Iterator
 import keras
 import tensorflow as tf
 
+from keras_amp import _compat
 from keras_amp import policy as amp_policy
 from keras_amp import validation
 
@@ -40,6 +42,7 @@ CONV_LAYERS = (
     keras.layers.SeparableConv2D,
 )
 # Layers whose compute dtype decides mixed-precision speed (the matmuls and convolutions).
+_FUNCTIONAL = _compat.original("keras.src.models.functional.Functional")
 HEAVY_LAYERS = (
     keras.layers.Dense,
     keras.layers.EinsumDense,
@@ -81,9 +84,11 @@ def is_island(layer: Any) -> bool:
 
 def is_graph(layer: Any) -> bool:
     """Whether `layer` is a model whose layer graph Keras records (Sequential or functional)."""
-    return isinstance(layer, keras.Sequential) or (
-        isinstance(layer, keras.Model) and hasattr(layer, "_nodes_by_depth")
-    )
+    if isinstance(layer, keras.Sequential):
+        return True
+    # A functional model is a Functional (its graph lives in Function's `_nodes_by_depth`); on a
+    # Keras where that class or its graph changed, the walk is off and says so once.
+    return _FUNCTIONAL is not None and _compat.warn_off(_compat.MODEL_GRAPH) and isinstance(layer, _FUNCTIONAL)
 
 
 def is_layer(node: Any) -> bool:

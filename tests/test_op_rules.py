@@ -9,7 +9,7 @@ import tensorflow as tf
 from keras import ops
 
 import keras_amp
-from keras_amp import op_rules
+from keras_amp import _compat, op_rules
 from keras_amp.op_rules import installer
 from keras_amp.diagnostics import audit
 
@@ -25,7 +25,7 @@ def stock_keras():
 
 
 def _attr(name):
-    owner, attr, _ = installer._TARGETS[name]
+    owner, attr = installer._TARGETS[name]
     return owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
 
 
@@ -42,7 +42,7 @@ def test_table_rows_targets_and_digests_agree():
         assert rule.kind in kinds and rule.by in ("keras_amp", "keras", "none") and rule.reason
         assert bool(rule.targets) == (rule.by == "keras_amp"), rule.op
         for name in rule.targets:
-            assert name in installer._TARGETS and name in op_rules.ORIGINAL_DIGESTS
+            assert name in installer._TARGETS and name in _compat.PIN_BY_NAME
         # A hazard's rule is for the dtypes where it is a hazard; a rule fixing none (kind "") names
         # the compute dtypes it is installed under.
         allowed = op_rules.HAZARD_DTYPES[rule.kind] if rule.kind else op_rules.LOW_PRECISION
@@ -54,8 +54,8 @@ def test_table_rows_targets_and_digests_agree():
 
 def test_keras_sources_are_the_ones_the_rules_were_written_against():
     # Fails when a Keras upgrade changes a replaced (or relied-on) function: review the rule.
-    assert keras.__version__.startswith(op_rules.TARGET_KERAS)
-    assert op_rules.source_digests() == op_rules.ORIGINAL_DIGESTS
+    assert keras.__version__.startswith(_compat.TESTED_KERAS)
+    assert op_rules.source_digests() == {name: _compat.PIN_BY_NAME[name].digest for name in op_rules.ORIGINALS}
 
 
 def test_public_ops_call_the_replaced_backend_modules():
@@ -98,15 +98,15 @@ def test_no_rules_under_float32():
 
 def test_other_keras_version_installs_nothing_and_warns(monkeypatch):
     monkeypatch.setattr(keras, "__version__", "3.16.0")
-    with pytest.warns(keras_amp.AmpWarning, match="targets Keras 3.15.x; Keras 3.16.0"):
+    with pytest.warns(keras_amp.AmpWarning, match="Keras 3.16.0 is installed; keras_amp was written for 3.15.x"):
         op_rules.install("float16")
     assert op_rules.replaced() == ()
 
 
 def test_changed_keras_source_skips_only_that_rule(monkeypatch):
     name = "keras.src.backend.tensorflow.nn.softmax"
-    monkeypatch.setitem(op_rules.ORIGINAL_DIGESTS, name, "0" * 16)
-    with pytest.warns(keras_amp.AmpWarning, match=r"changed keras.src.backend.tensorflow.nn.softmax since"):
+    monkeypatch.setitem(_compat.PIN_BY_NAME, name, _compat.Pin(name, "0" * 16, (_compat.OP_RULES,)))
+    with pytest.warns(keras_amp.AmpWarning, match=r"keras.src.backend.tensorflow.nn.softmax changed \(source digest"):
         op_rules.install("bfloat16")
     assert name not in op_rules.replaced() and not op_rules.rule_installed("softmax")
     assert op_rules.rule_installed("log_softmax")

@@ -16,53 +16,37 @@ multi-worker path (`_collective_all_reduce_multi_worker(strategy)` is True):
 
 Both replacements delegate to the original Keras function on every other path, so single-worker,
 MirroredStrategy, TPU, "concat" and "sum" behaviour is untouched. The fix is installed only for
-Keras 3.15.x and only when the original sources are the ones it was written against; a row per
-function in the guard table (tests/test_keras_guards.py) fails when Keras changes them.
+Keras 3.15.x and only when the original sources are the ones it was written against (pinned in
+keras_amp._compat.PINS).
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import threading
 import warnings
 
 import keras
 from absl import logging
 
-from keras.src.backend.tensorflow import trainer as tf_trainer
-
+from keras_amp import _compat
 from keras_amp.policy import AmpWarning
 
-TARGET_KERAS = "3.15."
-# sha256 of `inspect.getsource()` of the patched functions in Keras 3.15.1.
-ORIGINAL_SOURCE_SHA256 = {
-    "TensorFlowTrainer._maybe_symbolic_build": "92a504f5eba9b29f81f1bf26180bdd5bf5186b06b7bda426534b90d2d02bc1c2",
-    "reduce_per_replica": "2e7d54b1e6edc29a8c6a7e6b66cd4c8be3ba7842412c93753ac3afe169fa7fb8",
-    # Read, not replaced: it decides which path is "multi-worker", for Keras and for this fix alike.
-    "_collective_all_reduce_multi_worker": "0302369d850e6694978fa7691c0e97b79cd0cf83a6bbef7caed8738e1f1a5c24",
-}
+_TRAINER = "keras.src.backend.tensorflow.trainer"
+BUILD = f"{_TRAINER}.TensorFlowTrainer._maybe_symbolic_build"
+REDUCE = f"{_TRAINER}.reduce_per_replica"
+# Read, not replaced: it decides which path is "multi-worker", for Keras and for this fix alike.
+IS_MULTI_WORKER = f"{_TRAINER}._collective_all_reduce_multi_worker"
+PINNED = (BUILD, REDUCE, IS_MULTI_WORKER)  # keras_amp._compat.PINS rows, feature FIT_FIX
 
-_ORIGINAL_BUILD = tf_trainer.TensorFlowTrainer._maybe_symbolic_build
-_ORIGINAL_REDUCE = tf_trainer.reduce_per_replica
-# Keras's own predicate for its multi-worker branches: the fix must take exactly the path Keras
-# takes. getattr: a Keras without it must still import keras_amp (the fix is then not installed).
-_IS_MULTI_WORKER = getattr(tf_trainer, "_collective_all_reduce_multi_worker", None)
+_ORIGINAL_BUILD = _compat.original(BUILD)
+_ORIGINAL_REDUCE = _compat.original(REDUCE)
+_IS_MULTI_WORKER = _compat.original(IS_MULTI_WORKER)
 _lock = threading.Lock()
 _installed = False
 
 
-def source_sha256() -> dict[str, str]:
-    """sha256 of the original Keras sources this fix replaces or reads, as installed now ("" if gone)."""
-    functions = {
-        "TensorFlowTrainer._maybe_symbolic_build": _ORIGINAL_BUILD,
-        "reduce_per_replica": _ORIGINAL_REDUCE,
-        "_collective_all_reduce_multi_worker": _IS_MULTI_WORKER,
-    }
-    return {
-        name: hashlib.sha256(inspect.getsource(fn).encode("utf-8")).hexdigest() if fn is not None else ""
-        for name, fn in functions.items()
-    }
+def _trainer_module():
+    return _compat._lookup(_TRAINER)
 
 
 def _multi_worker(strategy) -> bool:
@@ -85,7 +69,7 @@ def fixed_maybe_symbolic_build(self, iterator=None, data_batch=None):
 
 def fixed_reduce_per_replica(values, strategy, reduction):
     """`reduce_per_replica` whose multi-worker "mean" reduces across replicas only (axis=None)."""
-    if reduction == "auto" and not isinstance(strategy, tf_trainer.tf.distribute.TPUStrategy):
+    if reduction == "auto" and not isinstance(strategy, _trainer_module().tf.distribute.TPUStrategy):
         reduction = "mean"
     if reduction == "mean" and _multi_worker(strategy):
         return keras.tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
@@ -94,18 +78,13 @@ def fixed_reduce_per_replica(values, strategy, reduction):
 
 def fit_fix_needed() -> tuple[bool, str]:
     """Whether this Keras is the one the fix targets, and why not when it is not."""
-    if not keras.__version__.startswith(TARGET_KERAS):
+    found = _compat.problems(PINNED)
+    if found:
         return False, (
-            f"keras_amp's multi-worker fit fix targets Keras {TARGET_KERAS}x; Keras {keras.__version__} "
-            "is installed. Check whether fit under MultiWorkerMirroredStrategy works without it "
-            "(tests/distribute/test_trainer_fix.py) and update keras_amp.distribute.trainer_fix."
-        )
-    found = source_sha256()
-    changed = sorted(k for k, v in ORIGINAL_SOURCE_SHA256.items() if found[k] != v)
-    if changed:
-        return False, (
-            f"Keras {keras.__version__} changed {', '.join(changed)} since the multi-worker fit fix "
-            "was written against 3.15.1; the fix is not installed."
+            f"keras_amp's multi-worker fit fix was written against Keras {_compat.TESTED_KERAS}x and is "
+            f"not installed: {'; '.join(found)}. Check whether fit under MultiWorkerMirroredStrategy "
+            "works without it (tests/distribute/test_trainer_fix.py) and update "
+            "keras_amp.distribute.trainer_fix."
         )
     return True, ""
 
@@ -124,9 +103,10 @@ def install_fit_fix() -> bool:
         if not needed:
             warnings.warn(why, AmpWarning, stacklevel=2)
             return False
-        tf_trainer.TensorFlowTrainer._maybe_symbolic_build = fixed_maybe_symbolic_build
+        trainer = _trainer_module()
+        trainer.TensorFlowTrainer._maybe_symbolic_build = fixed_maybe_symbolic_build
         # `_make_function` looks `reduce_per_replica` up in the module globals when it traces.
-        tf_trainer.reduce_per_replica = fixed_reduce_per_replica
+        trainer.reduce_per_replica = fixed_reduce_per_replica
         _installed = True
     logging.info("keras_amp: installed the Keras %s MultiWorkerMirroredStrategy fit fix", keras.__version__)
     return True
@@ -136,11 +116,13 @@ def uninstall_fit_fix() -> None:
     """Restores the original Keras functions (for tests)."""
     global _installed
     with _lock:
-        tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _ORIGINAL_BUILD
-        tf_trainer.reduce_per_replica = _ORIGINAL_REDUCE
+        if _ORIGINAL_BUILD is not None and _ORIGINAL_REDUCE is not None:
+            trainer = _trainer_module()
+            trainer.TensorFlowTrainer._maybe_symbolic_build = _ORIGINAL_BUILD
+            trainer.reduce_per_replica = _ORIGINAL_REDUCE
         _installed = False
 
 
 def fit_fix_installed() -> bool:
     """Whether `install_fit_fix()` is in effect."""
-    return _installed and tf_trainer.reduce_per_replica is fixed_reduce_per_replica
+    return _installed and _trainer_module().reduce_per_replica is fixed_reduce_per_replica

@@ -3,13 +3,15 @@
 import keras
 import tensorflow as tf
 from keras import ops
-from tensorflow.python.ops import control_flow_v2_func_graphs
 
-# No public API reads a variable without autocasting (Keras 3.15.1); guarded in the guard table.
-from keras.src.backend import AutocastScope
-from keras.src.backend.common import global_state
+from keras_amp import _compat, model_graph, validation
 
-from keras_amp import model_graph, validation
+# No public API reads a variable without autocasting (Keras 3.15.1), nor lists the calling layers;
+# the private objects below are keras_amp._compat pins.
+_AUTOCAST_SCOPE = _compat.original("keras.src.backend.common.variables.AutocastScope")
+_GET_GLOBAL = _compat.original("keras.src.backend.common.global_state.get_global_attribute")
+_WHILE_BODY = _compat.original("tensorflow.python.ops.control_flow_v2_func_graphs.WhileBodyFuncGraph")
+_COND_BRANCH = _compat.original("tensorflow.python.ops.control_flow_v2_func_graphs.CondBranchFuncGraph")
 
 _COMPUTE = "compute"
 # `output_dtype` values besides None: the compute dtype, or a floating dtype by name.
@@ -45,7 +47,8 @@ def float32_variables():
     `AutocastScope` when a mixed-policy layer is called outside any model, so islands
     read their weights and state variables inside this.
     """
-    return AutocastScope(None)
+    _compat.require(_compat.FLOAT32_LAYERS)
+    return _AUTOCAST_SCOPE(None)
 
 
 def float32_value(variable):
@@ -58,7 +61,9 @@ def calling_layers():
     """The layers whose `call` is running, innermost first: `Layer.__call__` (Keras 3.15) runs
     `call` inside `backend.name_scope(self.name, caller=self)`, which Keras keeps on its
     thread-local "name_scope_stack"."""
-    stack = global_state.get_global_attribute("name_scope_stack")
+    if _GET_GLOBAL is None:
+        return []  # the features reading it (float32 islands, the matmul rule) are off and said so
+    stack = _GET_GLOBAL("name_scope_stack")
     return [e.caller for e in reversed(stack or ()) if getattr(e, "caller", None) is not None]
 
 
@@ -73,9 +78,11 @@ def _rnn_loop_outer_graph():
     if rnn is None or rnn.unroll:
         return None
     graph = tf.compat.v1.get_default_graph()
-    while isinstance(graph, control_flow_v2_func_graphs.CondBranchFuncGraph):
+    if _WHILE_BODY is None or _COND_BRANCH is None:
+        return None  # no hoisting: the cast stays in the loop (correct, slower; the feature warned)
+    while isinstance(graph, _COND_BRANCH):
         graph = graph.outer_graph
-    if not isinstance(graph, control_flow_v2_func_graphs.WhileBodyFuncGraph):
+    if not isinstance(graph, _WHILE_BODY):
         return None
     return graph.outer_graph
 

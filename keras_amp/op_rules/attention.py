@@ -16,11 +16,11 @@ import tensorflow as tf
 
 from keras_amp.layers import attention as amp_attention
 from keras_amp.op_rules.float32_ops import is_16bit
-from keras.src.backend.tensorflow import nn as _tf_nn
+from keras_amp import _compat
 
 _MHA = keras.layers.MultiHeadAttention
 # Keras 3.15.1's mask helper of the kernel above (pinned beside it in the table).
-_APPLY_MASKS = _tf_nn._apply_masks
+_APPLY_MASKS = _compat.original("keras.src.backend.tensorflow.nn._apply_masks")
 
 
 def float32_attention(original: Callable) -> Callable:

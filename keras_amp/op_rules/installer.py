@@ -6,30 +6,22 @@ time (`backend.nn.softmax(x)`), in eager execution, inside `tf.function` and fro
 symbolic route (`compute_output_spec`, used while a functional model is built) is replaced too
 where a rule changes the output dtype, so symbolic and eager dtypes agree.
 
-Each replacement is written against Keras 3.15.1: it is installed only for Keras 3.15.x and only
-when the replaced function's source digest matches `ORIGINAL_DIGESTS`; otherwise that rule is
-skipped with an `AmpWarning`, since a rule written for other code could be wrong there. A config
-listener, registered once when this module is imported, installs the rules under a 16-bit
-compute dtype and removes them otherwise.
+Each replacement is written against Keras 3.15.1: it is installed only when keras_amp._compat
+finds the version tested and every object the rule replaces or relies on unchanged (its pinned
+source digest); otherwise that rule is skipped with an `AmpWarning` naming what changed, since a
+rule written for other code could be wrong there. A config listener, registered once when this
+module is imported, installs the rules under a 16-bit compute dtype and removes them otherwise.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import threading
 import warnings
 from typing import Any, Callable
 
-import keras
 from absl import logging
-from keras.src.backend.common import name_scope as common_name_scope
-from keras.src.backend.tensorflow import core as tf_core
-from keras.src.backend.tensorflow import math as tf_math
-from keras.src.backend.tensorflow import nn as tf_nn
-from keras.src.backend.tensorflow import numpy as tf_numpy
-from keras.src.ops import nn as ops_nn
 
+from keras_amp import _compat
 from keras_amp import policy as amp_policy
 from keras_amp import validation
 from keras_amp.op_rules.attention import float32_attention, float32_dot_product_attention
@@ -51,61 +43,62 @@ from keras_amp.op_rules.lean import (
 from keras_amp.op_rules.matmul import matmul16
 from keras_amp.op_rules.table import (
     DPA,
-    MATMUL,
-    RSQRT,
-    SQRT,
+    LAYER_CALL,
+    LAYER_OPEN_SCOPE,
     LOW_PRECISION,
-    ORIGINAL_DIGESTS,
+    MATMUL,
+    MHA_CALL,
+    MHA_COMPUTE,
     RELIED_ON,
+    RSQRT,
     RULES,
-    TARGET_KERAS,
+    SQRT,
     TF_NN,
     Rule,
 )
 
-_MHA = keras.layers.MultiHeadAttention
-
-
-def _digest(fn: Callable) -> str:
-    """sha256 of `inspect.getsource(fn)`, first 16 hex digits (as tests/keras_guard.py)."""
-    return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16]
-
-
-# qualified name -> (owner, attribute, factory(original) -> replacement or None if relied on only).
-_TARGETS: dict[str, tuple[Any, str, Callable | None]] = {
-    f"{TF_NN}.softmax": (tf_nn, "softmax", float32_probabilities),
-    f"{TF_NN}.log_softmax": (tf_nn, "log_softmax", float32_probabilities),
-    "keras.src.backend.tensorflow.math.logsumexp": (tf_math, "logsumexp", float32_input_dtype),
-    "keras.layers.MultiHeadAttention._compute_attention": (_MHA, "_compute_attention", float32_attention),
-    "keras.layers.MultiHeadAttention.call": (_MHA, "call", None),
-    f"{TF_NN}.batch_normalization": (
-        tf_nn, "batch_normalization", lambda f: lean_batch_normalization(float32_batch_normalization(f))),
-    f"{TF_NN}.moments": (tf_nn, "moments", lean_moments),
-    "keras.src.ops.nn._layer_normalization": (ops_nn, "_layer_normalization", lean_layer_normalization),
-    "keras.src.ops.nn._normalize": (ops_nn, "_normalize", float32_input_dtype),
-    "keras.src.backend.tensorflow.numpy.std": (tf_numpy, "std", float32_input_dtype),
-    f"{TF_NN}.gelu": (tf_nn, "gelu", lean_gelu),
-    f"{TF_NN}.categorical_crossentropy": (tf_nn, "categorical_crossentropy", float32_loss("Softmax")),
-    "keras.src.ops.nn.CategoricalCrossentropy.compute_output_spec": (
-        ops_nn.CategoricalCrossentropy, "compute_output_spec", float32_loss_spec),
-    f"{TF_NN}.sparse_categorical_crossentropy": (
-        tf_nn, "sparse_categorical_crossentropy",
-        lambda f: lean_sparse_categorical_crossentropy(float32_loss("Softmax")(f))),
-    "keras.src.ops.nn.SparseCategoricalCrossentropy.compute_output_spec": (
-        ops_nn.SparseCategoricalCrossentropy, "compute_output_spec", float32_loss_spec),
-    f"{TF_NN}.binary_crossentropy": (tf_nn, "binary_crossentropy", float32_loss("Sigmoid")),
-    "keras.src.ops.nn.BinaryCrossentropy.compute_output_spec": (
-        ops_nn.BinaryCrossentropy, "compute_output_spec", float32_loss_spec),
-    RSQRT: (tf_math, "rsqrt", float32_root),
-    SQRT: (tf_numpy, "sqrt", float32_root),
-    DPA: (tf_nn, "_dot_product_attention_xla", float32_dot_product_attention),
-    f"{TF_NN}._apply_masks": (tf_nn, "_apply_masks", None),
-    MATMUL: (tf_numpy, "matmul", matmul16),
-    "keras.layers.Layer.__call__": (keras.layers.Layer, "__call__", None),
-    "keras.layers.Layer._open_name_scope": (keras.layers.Layer, "_open_name_scope", None),
-    "keras.src.backend.tensorflow.core.name_scope": (tf_core, "name_scope", None),
-    "keras.src.backend.common.name_scope.name_scope": (common_name_scope, "name_scope", None),
+_OPS_NN = "keras.src.ops.nn"
+# qualified name (a keras_amp._compat pin) -> factory(original) -> replacement, or None if relied on only.
+_FACTORIES: dict[str, Callable | None] = {
+    f"{TF_NN}.softmax": float32_probabilities,
+    f"{TF_NN}.log_softmax": float32_probabilities,
+    "keras.src.backend.tensorflow.math.logsumexp": float32_input_dtype,
+    MHA_COMPUTE: float32_attention,
+    MHA_CALL: None,
+    f"{TF_NN}.batch_normalization": lambda f: lean_batch_normalization(float32_batch_normalization(f)),
+    f"{TF_NN}.moments": lean_moments,
+    f"{_OPS_NN}._layer_normalization": lean_layer_normalization,
+    f"{_OPS_NN}._normalize": float32_input_dtype,
+    "keras.src.backend.tensorflow.numpy.std": float32_input_dtype,
+    f"{TF_NN}.gelu": lean_gelu,
+    f"{TF_NN}.categorical_crossentropy": float32_loss("Softmax"),
+    f"{_OPS_NN}.CategoricalCrossentropy.compute_output_spec": float32_loss_spec,
+    f"{TF_NN}.sparse_categorical_crossentropy": lambda f: lean_sparse_categorical_crossentropy(float32_loss("Softmax")(f)),
+    f"{_OPS_NN}.SparseCategoricalCrossentropy.compute_output_spec": float32_loss_spec,
+    f"{TF_NN}.binary_crossentropy": float32_loss("Sigmoid"),
+    f"{_OPS_NN}.BinaryCrossentropy.compute_output_spec": float32_loss_spec,
+    RSQRT: float32_root,
+    SQRT: float32_root,
+    DPA: float32_dot_product_attention,
+    f"{TF_NN}._apply_masks": None,
+    MATMUL: matmul16,
+    LAYER_CALL: None,
+    LAYER_OPEN_SCOPE: None,
+    "keras.src.backend.tensorflow.core.name_scope": None,
+    "keras.src.backend.common.name_scope.name_scope": None,
 }
+
+
+def _owner(name: str) -> tuple[Any, str] | None:
+    """(the object holding `name`'s last attribute, that attribute), or None when not found."""
+    parent, _, attr = name.rpartition(".")
+    try:
+        return _compat._lookup(parent), attr
+    except (LookupError, ImportError):
+        return None
+
+
+_TARGETS: dict[str, tuple[Any, str] | None] = {name: _owner(name) for name in _FACTORIES}
 
 
 def _own(owner: Any, attr: str) -> Any:
@@ -113,9 +106,11 @@ def _own(owner: Any, attr: str) -> Any:
     return owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
 
 
-ORIGINALS: dict[str, Callable] = {name: _own(owner, attr) for name, (owner, attr, _) in _TARGETS.items()}
+# As Keras defines them (captured by keras_amp._compat at import, before any replacement).
+ORIGINALS: dict[str, Callable] = {name: _compat.original(name) for name in _FACTORIES if _compat.original(name)}
 _REPLACEMENTS: dict[str, Callable] = {
-    name: factory(ORIGINALS[name]) for name, (_, _, factory) in _TARGETS.items() if factory is not None
+    name: factory(ORIGINALS[name]) for name, factory in _FACTORIES.items()
+    if factory is not None and name in ORIGINALS
 }
 _lock = threading.RLock()
 _installed: str | None = None
@@ -123,23 +118,18 @@ _active: list[str] = []  # the qualified names replaced now
 
 
 def source_digests() -> dict[str, str]:
-    """The 16-hex source digest of every original Keras object the rules replace or rely on, now."""
-    return {name: _digest(fn) for name, fn in ORIGINALS.items()}
+    """The source digest of every original Keras object the rules replace or rely on, now."""
+    return {name: _compat.digest(fn) for name, fn in ORIGINALS.items()}
 
 
 def why_not_installed(rule: Rule) -> str | None:
     """Why `rule`'s override cannot be installed on this Keras, or None when it can."""
-    if not keras.__version__.startswith(TARGET_KERAS):
-        return (
-            f"keras_amp's op rule for {rule.op} targets Keras {TARGET_KERAS}x; Keras {keras.__version__} "
-            "is installed, so it is not installed (update keras_amp.op_rules and its guard rows)."
-        )
     names = rule.targets + tuple(n for t in rule.targets for n in RELIED_ON.get(t, ()))
-    changed = [n for n in names if _digest(ORIGINALS[n]) != ORIGINAL_DIGESTS[n]]
-    if changed:
+    found = _compat.problems(names)
+    if found:
         return (
-            f"Keras {keras.__version__} changed {', '.join(changed)} since keras_amp's op rule for "
-            f"{rule.op} was written against 3.15.1; that rule is not installed."
+            f"keras_amp's op rule for {rule.op} was written against Keras {_compat.TESTED_KERAS}x and is "
+            f"not installed: {'; '.join(found)}."
         )
     return None
 
@@ -161,13 +151,13 @@ def install(compute_dtype: str) -> None:
                 continue
             why = why_not_installed(rule)
             pending = [n for n in rule.targets if n not in _active]  # two rows may share a target
-            if why is None and any(_own(*_TARGETS[n][:2]) is not ORIGINALS[n] for n in pending):
+            if why is None and any(_own(*_TARGETS[n]) is not ORIGINALS[n] for n in pending):
                 why = f"another library replaced a Keras function of keras_amp's op rule for {rule.op}; skipped."
             if why:
                 warnings.warn(why, amp_policy.AmpWarning, stacklevel=2)
                 continue
             for name in pending:
-                owner, attr, _ = _TARGETS[name]
+                owner, attr = _TARGETS[name]
                 setattr(owner, attr, _REPLACEMENTS[name])
                 _active.append(name)
         _installed = compute_dtype
@@ -179,7 +169,7 @@ def uninstall() -> None:
     global _installed
     with _lock:
         for name in _active:
-            owner, attr, _ = _TARGETS[name]
+            owner, attr = _TARGETS[name]
             setattr(owner, attr, ORIGINALS[name])
         _active.clear()
         _installed = None

@@ -26,7 +26,6 @@ from typing import Any, Callable
 import keras
 import tensorflow as tf
 
-from keras.src import backend
 
 _16BIT = (tf.float16, tf.bfloat16)
 
@@ -276,7 +275,7 @@ def lean_layer_normalization(original: Callable) -> Callable:
         for p in (gamma, beta):
             if p is not None:
                 # A tensor, not a variable (a custom gradient's inputs are tensors).
-                p = tf.convert_to_tensor(backend.convert_to_tensor(p, "float32"))
+                p = tf.convert_to_tensor(keras.ops.convert_to_tensor(p, dtype="float32"))
                 if p.shape.rank != rank and axes != [rank - 1]:
                     # As Keras: parameters of the normalised axes broadcast over the others.
                     p = tf.reshape(p, [x.shape[d] if d in axes else 1 for d in range(rank)])

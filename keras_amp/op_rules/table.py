@@ -1,7 +1,7 @@
 """The op table: which Keras ops compute in float32 under a 16-bit policy, how, and why.
 
-`RULES` is the one table (`rules_markdown()` prints it); `ORIGINAL_DIGESTS` pins the Keras 3.15.1
-source of every object a rule replaces or relies on; `NOT_REACHED` lists what no op-level rule
+`RULES` is the one table (`rules_markdown()` prints it); `RELIED_ON` names what a rule relies on
+besides its targets (keras_amp._compat pins both); `NOT_REACHED` lists what no op-level rule
 reaches. `keras_amp.op_rules.installer` applies the rows marked "keras_amp".
 
 Output dtype convention (the table's "output" column), in the spirit of TF grappler's
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 
-TARGET_KERAS = "3.15."
 LOW_PRECISION = ("float16", "bfloat16")
 BOTH = LOW_PRECISION
 FLOAT16 = ("float16",)
@@ -66,6 +65,10 @@ class Rule:
 
 
 TF_NN = "keras.src.backend.tensorflow.nn"
+MHA_COMPUTE = "keras.src.layers.attention.multi_head_attention.MultiHeadAttention._compute_attention"
+MHA_CALL = "keras.src.layers.attention.multi_head_attention.MultiHeadAttention.call"
+LAYER_CALL = "keras.src.layers.layer.Layer.__call__"
+LAYER_OPEN_SCOPE = "keras.src.layers.layer.Layer._open_name_scope"
 # The memory half of the normalisation rules (`keras_amp.op_rules.lean`).
 LEAN = (
     "Memory: the backward pass keeps the 16-bit input, not its float32 upcast, and redoes the "
@@ -113,7 +116,7 @@ RULES: tuple[Rule, ...] = (
          ("keras.src.backend.tensorflow.math.logsumexp",),
          "TF sums exp(x - max) in the input dtype: inf in float16 past 65504 terms"),
     Rule(ATTENTION_OP, "attention", "float32", "compute dtype",
-         BOTH, "keras_amp", ("keras.layers.MultiHeadAttention._compute_attention",),
+         BOTH, "keras_amp", (MHA_COMPUTE,),
          "QK^T sums key_dim products: entries near 300 overflow float16 (NaN softmax); bfloat16 "
          "rounds logits to 8 bits. QK^T: an XLA-compiled 16-bit matmul with float32 accumulation "
          "and result (a float32 matmul under `enable(xla_scores=False)`); probabilities rounded "
@@ -178,49 +181,20 @@ RULES: tuple[Rule, ...] = (
          "Keras promotes float16 + float32 to float32; the next layer casts back to its compute dtype"),
 )
 
-# sha256 of inspect.getsource(original)[:16] (tests/keras_guard.py::source_digest), Keras 3.15.1.
-# `MultiHeadAttention.call` is not replaced but relied on: it passes `use_causal_mask` only
-# when `type(self)._compute_attention is MultiHeadAttention._compute_attention`.
-ORIGINAL_DIGESTS = {
-    f"{TF_NN}.softmax": "db2c578ff3a26c2e",
-    f"{TF_NN}.log_softmax": "7877ebb97ae1ce8f",
-    "keras.src.backend.tensorflow.math.logsumexp": "715367831b0891ce",
-    "keras.layers.MultiHeadAttention._compute_attention": "88168a1a82dd0d31",
-    "keras.layers.MultiHeadAttention.call": "fd666cb2fe09b101",
-    f"{TF_NN}.batch_normalization": "1cc80ed9bad6ea79",
-    f"{TF_NN}.moments": "57bcc01c34d85f72",
-    "keras.src.ops.nn._layer_normalization": "67b9792af8800337",
-    "keras.src.ops.nn._normalize": "6d45ce2adc62638f",
-    "keras.src.backend.tensorflow.numpy.std": "06356e76fd7e60f7",
-    f"{TF_NN}.gelu": "edb8d0940a01c8d5",
-    f"{TF_NN}.categorical_crossentropy": "a2cb8f1dacc6a411",
-    "keras.src.ops.nn.CategoricalCrossentropy.compute_output_spec": "c729e7e6cb6f7d01",
-    f"{TF_NN}.sparse_categorical_crossentropy": "8dd1e34615666cea",
-    "keras.src.ops.nn.SparseCategoricalCrossentropy.compute_output_spec": "1d2704fea7e2f6f6",
-    f"{TF_NN}.binary_crossentropy": "3fb0e94214714db1",
-    "keras.src.ops.nn.BinaryCrossentropy.compute_output_spec": "4dd48a4bb5ef1272",
-    SQRT: "642f2ad26ab43d29",
-    RSQRT: "f901ca8dbba55e12",
-    DPA: "dee56832e55953fc",
-    f"{TF_NN}._apply_masks": "002efd810c138eeb",
-    MATMUL: "9f471e0ba26e3c20",
-    # Relied on by the matmul rule: `Layer.__call__` calls `call` inside
-    # `_open_name_scope()`, which enters `backend.name_scope(self.name, caller=self)`; the
-    # TensorFlow backend's name_scope (and its common base) push the entry, `.caller` included,
-    # onto the global "name_scope_stack" and pop it on exit.
-    "keras.layers.Layer.__call__": "4fb7e42e4ffd9b1a",
-    "keras.layers.Layer._open_name_scope": "9197bac9543ef95a",
-    "keras.src.backend.tensorflow.core.name_scope": "bff9a1de6e491b0d",
-    "keras.src.backend.common.name_scope.name_scope": "957dcd2ff7532ae8",
-}
+# The rules' targets and what they rely on are pinned (source digests) in keras_amp._compat.PINS.
+# Relied on, not replaced: `MultiHeadAttention.call` passes `use_causal_mask` only when
+# `type(self)._compute_attention is MultiHeadAttention._compute_attention`; the matmul rule reads the
+# calling layer from the name-scope stack: `Layer.__call__` calls `call` inside `_open_name_scope()`,
+# which enters `backend.name_scope(self.name, caller=self)`; the TensorFlow backend's name_scope (and
+# its common base) push the entry, `.caller` included, onto the global "name_scope_stack".
 _NAME_SCOPE_STACK = (
-    "keras.layers.Layer.__call__",
-    "keras.layers.Layer._open_name_scope",
+    LAYER_CALL,
+    LAYER_OPEN_SCOPE,
     "keras.src.backend.tensorflow.core.name_scope",
     "keras.src.backend.common.name_scope.name_scope",
 )
 RELIED_ON = {
-    "keras.layers.MultiHeadAttention._compute_attention": ("keras.layers.MultiHeadAttention.call",),
+    MHA_COMPUTE: (MHA_CALL,),
     DPA: (f"{TF_NN}._apply_masks",),
     MATMUL: _NAME_SCOPE_STACK,
 }

@@ -1,7 +1,7 @@
 """keras_amp.distribute.trainer_fix: what it fixes still needs fixing, and it only fixes.
 
-The source digests of the Keras functions it replaces or reads are also rows of the one guard
-table (tests/test_keras_guards.py); here are the checks that are the fix's own: the runtime
+The source digests of the Keras functions it replaces or reads are rows of keras_amp._compat.PINS
+(checked in tests/test_keras_guards.py); here are the checks that are the fix's own: the runtime
 install condition, install/uninstall, delegation, and that stock Keras still crashes.
 """
 
@@ -10,21 +10,21 @@ import pytest
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as tf_trainer
 
+from keras_amp import _compat
 from keras_amp.distribute import trainer_fix
 from keras_amp.policy import AmpWarning
 from tests.distribute.harness import COLLECTIVE_TIMEOUT, cluster
 
 
 def test_keras_is_the_version_the_fit_fix_targets():
-    assert keras.__version__.startswith(trainer_fix.TARGET_KERAS), (
+    assert keras.__version__.startswith(_compat.TESTED_KERAS), (
         f"Keras {keras.__version__}: re-check whether MultiWorkerMirroredStrategy fit still needs "
-        "keras_amp.distribute.trainer_fix (run tests/distribute), then update TARGET_KERAS."
+        "keras_amp.distribute.trainer_fix (run tests/distribute), then update keras_amp._compat."
     )
 
 
 def test_fit_fix_installs_on_this_keras():
-    # The install-time check (full sha256, trainer_fix.ORIGINAL_SOURCE_SHA256) passes here; the
-    # sources themselves are pinned by the guard table, which also checks that both pins agree.
+    # The install-time check (keras_amp._compat's pins of the three functions) passes here.
     needed, why = trainer_fix.fit_fix_needed()
     assert needed, why
 
@@ -56,8 +56,8 @@ def test_fix_only_fixes():
 
 def test_unchanged_source_check_refuses_when_a_function_changed(monkeypatch):
     """Guard that the runtime check is real: a different digest means the fix stays out."""
-    changed = dict(trainer_fix.ORIGINAL_SOURCE_SHA256, _collective_all_reduce_multi_worker="0" * 64)
-    monkeypatch.setattr(trainer_fix, "ORIGINAL_SOURCE_SHA256", changed)
+    name = trainer_fix.IS_MULTI_WORKER
+    monkeypatch.setitem(_compat.PIN_BY_NAME, name, _compat.Pin(name, "0" * 16, (_compat.FIT_FIX,)))
     trainer_fix.uninstall_fit_fix()  # install_fit_fix() returns early once installed
     needed, why = trainer_fix.fit_fix_needed()
     assert not needed and "_collective_all_reduce_multi_worker" in why
