@@ -169,7 +169,7 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()[:16]
 
 
-def _lookup(name: str) -> Any:
+def lookup(name: str) -> Any:
     """The object `name` points to (the longest importable module, then attributes); a class
     attribute comes from the class's own `__dict__` when it has one (so restoring it restores
     identity). Raises LookupError when it is not there."""
@@ -195,7 +195,7 @@ def resolve(pins: Iterable[Pin]) -> dict[str, Any]:
     found = {}
     for pin in pins:
         try:
-            found[pin.name] = _lookup(pin.name)
+            found[pin.name] = lookup(pin.name)
         except (LookupError, ImportError, AttributeError):
             pass
     return found
@@ -205,11 +205,7 @@ def evaluate(pins: Iterable[Pin], objects: dict[str, Any], keras_version: str,
              tf_version: str) -> dict[str, tuple[str, ...]]:
     """feature -> the reasons it is off (empty when on), for `pins` resolved to `objects`."""
     pins = tuple(pins)
-    version = []
-    if not keras_version.startswith(TESTED_KERAS):
-        version.append(f"Keras {keras_version} is installed; keras_amp was written for {TESTED_KERAS}x")
-    if not tf_version.startswith(TESTED_TENSORFLOW):
-        version.append(f"TensorFlow {tf_version} is installed; keras_amp was written for {TESTED_TENSORFLOW}x")
+    version = _version_reasons(keras_version, tf_version)
     reasons: dict[str, list[str]] = {f: list(version) for p in pins for f in p.features}
     for pin in pins:
         problem = pin_problem(pin, objects)
@@ -217,6 +213,16 @@ def evaluate(pins: Iterable[Pin], objects: dict[str, Any], keras_version: str,
             for feature in pin.features:
                 reasons[feature].append(problem)
     return {f: tuple(r) for f, r in reasons.items()}
+
+
+def _version_reasons(keras_version: str, tf_version: str) -> list[str]:
+    """Why these versions are not the tested ones (empty when they are)."""
+    reasons = []
+    if not keras_version.startswith(TESTED_KERAS):
+        reasons.append(f"Keras {keras_version} is installed; keras_amp was written for {TESTED_KERAS}x")
+    if not tf_version.startswith(TESTED_TENSORFLOW):
+        reasons.append(f"TensorFlow {tf_version} is installed; keras_amp was written for {TESTED_TENSORFLOW}x")
+    return reasons
 
 
 def pin_problem(pin: Pin, objects: dict[str, Any]) -> str | None:
@@ -248,11 +254,7 @@ def original(name: str) -> Any:
 
 def problems(names: Iterable[str]) -> list[str]:
     """Why the pinned objects `names` do not hold (version, missing, changed); empty when they do."""
-    out = []
-    if not keras.__version__.startswith(TESTED_KERAS):
-        out.append(f"Keras {keras.__version__} is installed; keras_amp was written for {TESTED_KERAS}x")
-    if not tf.__version__.startswith(TESTED_TENSORFLOW):
-        out.append(f"TensorFlow {tf.__version__} is installed; keras_amp was written for {TESTED_TENSORFLOW}x")
+    out = _version_reasons(keras.__version__, tf.__version__)
     for name in names:
         problem = pin_problem(PIN_BY_NAME[name], ORIGINALS)
         if problem:

@@ -15,7 +15,7 @@ from typing import Any
 
 import keras
 
-from keras_amp import model_graph, op_rules
+from keras_amp import layer_kinds, model_graph, op_rules
 from keras_amp.op_rules.matmul import matmul16_name, policy_from_name
 from keras_amp.op_rules.table import LOW_PRECISION
 
@@ -68,7 +68,7 @@ _FLOAT32_INSIDE = (keras.layers.BatchNormalization, keras.layers.LayerNormalizat
 
 
 def deny_reason(kind: str) -> str:
-    """The plan's reason for a layer the deny list made float32 (`model_graph.op_kind` `kind`)."""
+    """The plan's reason for a layer the deny list made float32 (`layer_kinds.op_kind` `kind`)."""
     return f"deny list: {kind}"
 
 
@@ -121,7 +121,7 @@ def kept_deny_reason(kind: str, layer: Any, parent: Any, policy: str) -> str:
 
     Its parent's own code may not take a float32 output, so the policy stays; whether the hazard
     is then computed in float32 follows from the layer's traced ops
-    (`model_graph.normalization_dtype`) or from the op table's row for the op it computes.
+    (`layer_kinds.normalization_dtype`) or from the op table's row for the op it computes.
     """
     dtype = policy_from_name(policy).compute_dtype
     head = (f"deny list: {kind}; kept in {policy}, the policy of {parent.name!r}, whose own code may not "
@@ -129,7 +129,7 @@ def kept_deny_reason(kind: str, layer: Any, parent: Any, policy: str) -> str:
     what = _WHAT.get(kind, "it runs")
     if not is_16bit(dtype):
         return f"{head}; {what} in {dtype}"
-    traced = model_graph.normalization_dtype(layer) if kind == "normalization" else None
+    traced = layer_kinds.normalization_dtype(layer) if kind == "normalization" else None
     if traced is not None:
         return f"{head}; {what} in {traced} (its traced ops)"
     if kind == "normalization" and isinstance(layer, _FLOAT32_STATISTICS):

@@ -19,7 +19,7 @@ layer `model_graph.walk()` reaches, parents before children, the later one winni
     2. deny list     softmax, normalisation, exp/log-type activations, activity-regularizer
                      losses -> float32; stock BatchNormalization / LayerNormalization between
                      16-bit layers keep the compute dtype (float32 inside either way). Decided
-                     by `model_graph.op_kind`: Keras types, activations by identity, and a graph
+                     by `layer_kinds.op_kind`: Keras types, activations by identity, and a graph
                      layer's own traced ops (a root of a mean of squares), never a name
     3. user rules    layer class or name/path regex -> policy
 
@@ -50,7 +50,7 @@ from typing import Any, Mapping
 import keras
 from absl import logging
 
-from keras_amp import model_graph, recipe_roles
+from keras_amp import layer_kinds, model_graph, recipe_roles
 from keras_amp import policy as amp_policy
 from keras_amp import validation
 from keras_amp.op_rules.matmul import PREFIX as MATMUL16_PREFIX
@@ -174,7 +174,7 @@ def _decide(recipe, layer, parent, model, planned, first, last, compute) -> tupl
         if parent_reason.startswith(recipe_roles.RNN_ROLE):  # the RNN kept its output dtype for its parent's code
             return recipe_roles.role_policy(role, compute), role
         role = None  # the RNN was decided otherwise (a rule, float32): its cell follows it
-    kind = model_graph.op_kind(layer)
+    kind = layer_kinds.op_kind(layer)
     if model_graph.is_graph(parent):
         # Keras casts between the layers of a graph (inputs are autocast, operator nodes promote),
         # so a layer's output dtype may change freely here.

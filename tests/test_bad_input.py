@@ -207,7 +207,7 @@ EXCLUDED = {
     "keras_amp.model_graph.Float32Island",
     # Predicates over any object: every value is a valid input, the answer is True/False/None.
     "keras_amp.model_graph.is_graph", "keras_amp.model_graph.is_island", "keras_amp.model_graph.is_layer",
-    "keras_amp.model_graph.is_stale", "keras_amp.model_graph.op_kind", "keras_amp.model_graph.normalization_dtype",
+    "keras_amp.model_graph.is_stale", "keras_amp.layer_kinds.op_kind", "keras_amp.layer_kinds.normalization_dtype",
 }
 
 # Parameters without a bad value to put in a row, by design:

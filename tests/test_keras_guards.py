@@ -66,7 +66,7 @@ def test_guarded_source_unchanged(pin, stock_keras):
     # The name is where the object is defined: a row cannot silently guard something else.
     found = _compat.ORIGINALS.get(pin.name)
     assert found is not None, f"{pin.name} is missing"
-    assert _compat._lookup(pin.name) is found, f"{pin.name} is not what Keras defines there now"
+    assert _compat.lookup(pin.name) is found, f"{pin.name} is not what Keras defines there now"
     if pin.digest is not None:
         digest = _compat.digest(found)
         assert digest == pin.digest, (

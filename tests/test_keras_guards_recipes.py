@@ -143,7 +143,7 @@ def test_stock_batch_and_rms_norm_autocast_float32_inputs_to_float16(name):
 
 @pytest.mark.parametrize("name", ["layer_norm", "group_norm", "batch_norm", "rms_norm"])
 def test_builtin_normalization_statistics(name):
-    # model_graph.NORMALIZATION_LAYERS (layer/group norm) hold under mixed_float16 for float32 inputs;
+    # layer_kinds.NORMALIZATION_LAYERS (layer/group norm) hold under mixed_float16 for float32 inputs;
     # batch/rms norm hold in the float32 policy apply_recipe gives them.
     policy = "mixed_float16" if name in ("layer_norm", "group_norm") else "float32"
     layer, x, y = _norm_output(NORMS[name], policy)
@@ -170,7 +170,7 @@ def test_unit_normalization_overflows_in_float16_so_check_flags_it():
 
 
 def test_activity_regularizer_penalty_is_computed_in_the_compute_dtype():
-    # model_graph.op_kind "loss": Layer.__call__ applies the regularizer to the 16-bit output.
+    # layer_kinds.op_kind "loss": Layer.__call__ applies the regularizer to the 16-bit output.
     x = np.full((1, 8), 100.0, "float32")  # sum of squares 80000 > float16 max
     stock = keras.layers.ActivityRegularization(l2=1.0, dtype="mixed_float16")
     stock(x)

@@ -55,7 +55,7 @@ _FORWARD_ONLY = ("reduction",)
 # of two activations (QK^T; a Dense layer's matmul has a weight operand). A 16-bit QK^T overflows
 # float16 (entries near 300) even when the softmax after it runs in float32, as in Keras's fused
 # `dot_product_attention` path; the audit records that matmul with kind "attention".
-_MATMULS = ("Einsum", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "MatMul")
+_MATMULS = dataflow.MATMULS
 _PASS_THROUGH = (
     "Cast", "Mul", "AddV2", "Add", "Sub", "RealDiv", "SelectV2", "Select", "Maximum", "Minimum",
     "Reshape", "Transpose", "ExpandDims", "Squeeze", "Identity", "Neg", "Tanh", "StopGradient",

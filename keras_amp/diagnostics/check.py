@@ -12,7 +12,7 @@ report's `str()` is for people. Two sources, each finding from evidence, never f
   the compiled optimizer/loss, knowing which op rules (`keras_amp.op_rules`) are in force: the
   configuration findings (loss scaling, tensor-core dimensions, variables, outputs, staleness)
   and the softmax / exp / recurrence / attention layers Keras defines; a graph layer's own ops are
-  traced for a root of a mean of squares (`model_graph.normalization_dtype`).
+  traced for a root of a mean of squares (`layer_kinds.normalization_dtype`).
 
 A report only: it warns about nothing.
 """
@@ -23,55 +23,20 @@ import dataclasses
 from typing import Any
 
 import keras
-import tensorflow as tf
 
-from keras_amp import model_graph, op_rules
+from keras_amp import layer_kinds, model_graph, op_rules
 from keras_amp import policy as amp_policy
 from keras_amp import validation
 from keras_amp.diagnostics import audit
+from keras_amp.diagnostics.evidence import audit_findings, probe_batch
+from keras_amp.diagnostics.finding import KINDS, Finding
 from keras_amp.op_rules import LOW_PRECISION
 
-# Finding kinds, in the order the report lists them.
-KINDS = (
-    "built_before_enable",
-    "low_precision_softmax",
-    "low_precision_normalization",
-    "low_precision_exp",
-    "low_precision_loss",
-    "low_precision_recurrence",
-    "low_precision_op",
-    "output_not_float32",
-    "low_precision_variables",
-    "no_loss_scaling",
-    "dimension_not_multiple_of_8",
-)
 # Stock BatchNormalization / RMSNormalization compute their statistics in float32 but autocast
 # their inputs to the compute dtype first, so float32 inputs > 65504 become inf under
 # mixed_float16; the audit sees only float32 statistics, so this one is read from the type. Flagged
 # unless a graph shows only 16-bit layers feeding them. Guarded in test_keras_guards_recipes.py.
 _INPUT_AUTOCAST_NORMS = (keras.layers.BatchNormalization, keras.layers.RMSNormalization)
-# A probe batch: batch size 2, other unknown dimensions (sequence length, image size) 8.
-_PROBE_BATCH, _PROBE_DIM = 2, 8
-
-
-@dataclasses.dataclass(frozen=True)
-class Finding:
-    """One hazard.
-
-    Args:
-        kind: String. One of `keras_amp.diagnostics.KINDS`.
-        layer: String. Path of the layer concerned ("block/conv"), or the model name for
-            model-wide findings.
-        message: String. What is wrong and why it matters.
-        fix: String. What to change.
-    """
-
-    kind: str
-    layer: str
-    message: str
-    fix: str
-
-
 @dataclasses.dataclass(frozen=True)
 class ModelReport:
     """All findings for one model, in `KINDS` order then model order.
@@ -156,7 +121,7 @@ def _op_finding(path: str, layer, fed: tuple[str, ...] | None = None) -> Finding
             "apply_recipe(model, 'rnn') (stock RNNs then keep gates and state in float32 with 16-bit "
             "matmuls), keras_amp.layers.LSTM / GRU, or dtype='float32'",
         )
-    kind = model_graph.op_kind(layer)
+    kind = layer_kinds.op_kind(layer)
     if kind == "softmax" and op_rules.rule_installed("softmax") and op_rules.rule_installed("log_softmax"):
         return None  # keras.ops.softmax / log_softmax compute in float32 while the op rules are in force
     if kind == "softmax":
@@ -177,7 +142,7 @@ def _op_finding(path: str, layer, fed: tuple[str, ...] | None = None) -> Finding
         )
     if kind == "normalization":
         # Evidence: the layer's own traced ops (None outside a graph: the audit attributes those).
-        stats = model_graph.normalization_dtype(layer)
+        stats = layer_kinds.normalization_dtype(layer)
         if stats not in LOW_PRECISION:
             return None
         return Finding(
@@ -289,9 +254,9 @@ def check_model(model: keras.Model, x: Any = None, *, training: bool = False) ->
     found.extend(_output_findings(model))
     notes: list[str] = []
     if x is not None:
-        found.extend(_audit_findings(model, audit.audit_model(model, x, training=training), found, probe=False))
+        found.extend(audit_findings(model, audit.audit_model(model, x, training=training), found, probe=False))
     else:
-        batch, note = _probe_batch(model)
+        batch, note = probe_batch(model)
         if batch is not None:
             try:
                 report = audit.audit_model(model, batch, training=training)
@@ -299,7 +264,7 @@ def check_model(model: keras.Model, x: Any = None, *, training: bool = False) ->
                 note = (f"not audited: the probe batch of ones could not run ({type(e).__name__}: {e}); "
                         "pass x= for the op findings")
             else:
-                found.extend(_audit_findings(model, report, found, probe=True))
+                found.extend(audit_findings(model, report, found, probe=True))
         notes.append(note)
     found.extend(_variable_findings(layers))
     found.extend(_scaling_findings(model, layers))
@@ -307,79 +272,6 @@ def check_model(model: keras.Model, x: Any = None, *, training: bool = False) ->
     order = {kind: i for i, kind in enumerate(KINDS)}
     findings = tuple(sorted(found, key=lambda f: order[f.kind]))  # stable: model order within a kind
     return ModelReport(model=model.name, findings=findings, notes=tuple(notes))
-
-
-def _probe_batch(model) -> tuple[Any, str]:
-    """Ones shaped like `model.input` (batch 2, unknown dimensions 8) and a note, or (None, why)."""
-    try:
-        # A functional (or graph-called) model's symbolic input structure; a Sequential's one input.
-        specs = model.inputs[0] if isinstance(model, keras.Sequential) else model.input
-    except (AttributeError, ValueError, IndexError, TypeError):
-        return None, ("not audited: no batch given and the model records no input specs (unbuilt, or a "
-                      "subclassed model called eagerly); ops inside its layers were not checked: pass x= for "
-                      "the op findings")
-
-    def ones(spec):
-        shape = [(_PROBE_BATCH if i == 0 else _PROBE_DIM) if d is None else d for i, d in enumerate(spec.shape)]
-        return tf.ones(shape, dtype=spec.dtype)
-
-    try:
-        batch = keras.tree.map_structure(ones, specs)
-    except (TypeError, ValueError) as e:  # a string input (preprocessing): no ones of that dtype
-        return None, f"not audited: no probe batch for the model's inputs ({e}); pass x= for the op findings"
-    shapes = ", ".join(str(tuple(t.shape)) for t in keras.tree.flatten(batch))
-    return batch, f"ops audited on a probe batch of ones {shapes}; pass x= to audit your data's ops"
-
-
-_AUDIT_FIX = {
-    "attention": (
-        "keras_amp.enable() computes keras.layers.MultiHeadAttention scores (and its subclasses') in "
-        "float32; a layer with its own QK^T: use keras_amp.layers.MultiHeadAttention or compute it in float32"
-    ),
-}
-# Static findings about what a layer's ops compute: a probe batch adds nothing for their layers.
-_OP_FINDING_KINDS = (
-    "low_precision_softmax", "low_precision_normalization", "low_precision_exp", "low_precision_loss",
-    "low_precision_recurrence",
-)
-_AUDIT_FIX_DEFAULT = (
-    "compute this layer in float32 (dtype='float32', keras_amp.layers.Float32(...), or apply_recipe(..., "
-    "rules={{{path!r}: 'float32'}})); under keras_amp.enable() the op rules cover keras.ops calls, "
-    "not raw tf.* calls"
-)
-
-
-def _covered(path: str, paths: set[str]) -> bool:
-    """Whether `path` or a layer above it is among `paths`."""
-    return any(path == p or path.startswith(f"{p}/") for p in paths)
-
-
-def _audit_findings(model, report: audit.AuditReport, static: list[Finding], *, probe: bool) -> list[Finding]:
-    """One finding per (layer path, op kind) that ran in 16 bits, naming the ops, dtypes and passes.
-
-    Normalisation ops are "low_precision_normalization" (once per layer beside a static one),
-    the rest "low_precision_op". From a probe batch only what no static finding of the layer (or
-    of a layer above it) already reports is added: the user gave no batch, so one finding each.
-    """
-    normalised = {f.layer for f in static if f.kind == "low_precision_normalization"}
-    explained = {f.layer for f in static if f.kind in _OP_FINDING_KINDS}
-    groups: dict[tuple[str, str], list[audit.OpRecord]] = {}
-    for record in report.low_precision():
-        groups.setdefault((record.layer_path, record.category), []).append(record)
-    findings = []
-    for (path, category), records in groups.items():
-        path = path or model.name
-        kind = "low_precision_normalization" if category == "normalization" else "low_precision_op"
-        if (kind == "low_precision_normalization" and path in normalised) or (probe and _covered(path, explained)):
-            continue
-        ops = ", ".join(sorted({r.op_type for r in records}))
-        dtypes = "/".join(sorted({r.dtype for r in records}))
-        phases = " and ".join(p for p in audit.PHASES if any(r.phase == p for r in records))
-        findings.append(Finding(
-            kind, path, f"{category} op(s) {ops} ran in {dtypes} in the {phases} pass",
-            _AUDIT_FIX.get(category, _AUDIT_FIX_DEFAULT.format(path=path)),
-        ))
-    return findings
 
 
 def _stale_findings(model) -> list[Finding]:

@@ -46,7 +46,7 @@ _installed = False
 
 
 def _trainer_module():
-    return _compat._lookup(_TRAINER)
+    return _compat.lookup(_TRAINER)
 
 
 def _multi_worker(strategy) -> bool:

@@ -93,7 +93,7 @@ def _owner(name: str) -> tuple[Any, str] | None:
     """(the object holding `name`'s last attribute, that attribute), or None when not found."""
     parent, _, attr = name.rpartition(".")
     try:
-        return _compat._lookup(parent), attr
+        return _compat.lookup(parent), attr
     except (LookupError, ImportError):
         return None
 

@@ -1,0 +1,126 @@
+"""What a layer computes that 16 bits make unsafe: `op_kind()`, from evidence, never from names.
+
+A layer is "softmax", "exp", "normalization" or "loss" by its Keras type, its activation (by
+identity) or its own traced ops (`normalization_dtype()`: a root of a mean of squares). recipes
+(the deny list) and check_model stand on this module; it stands on `model_graph`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import keras
+import tensorflow as tf
+
+from keras_amp.model_graph import children, is_island, is_layer
+
+# Activations by the op type that makes them unsafe in 16 bits. Softmax-type: the normaliser is a
+# long sum of exponentials that loses precision in 16 bits (and float16 inputs overflow exp).
+# Exp/log-type: exp(x) overflows float16 for x > 11.09.
+SOFTMAX_ACTIVATIONS = (keras.activations.softmax, keras.activations.log_softmax)
+EXP_ACTIVATIONS = (keras.activations.exponential, keras.activations.softplus, keras.activations.log_sigmoid)
+OP_KINDS = ("softmax", "exp", "normalization", "loss")
+# Keras's own normalisation layers, by type. Any other layer normalises when its traced ops take a
+# root of a mean of squares (`normalization_dtype`); its class name decides nothing.
+NORMALIZATION_LAYERS = (
+    keras.layers.BatchNormalization,
+    keras.layers.GroupNormalization,
+    keras.layers.LayerNormalization,
+    keras.layers.Normalization,
+    keras.layers.RMSNormalization,
+    keras.layers.UnitNormalization,
+)
+
+
+def op_kind(layer: Any) -> str | None:
+    """The deny-list op type `layer` computes ("softmax", "exp", "normalization", "loss"), or None.
+
+    Decided by what the layer is or computes, never by its name: a Softmax layer or a
+    softmax/log_softmax activation is "softmax", an exp/log-type activation "exp", a Keras
+    normalisation layer (`NORMALIZATION_LAYERS`) or a layer whose own traced ops take a root of a
+    mean of squares (`normalization_dtype`) "normalization", a layer with an activity regularizer,
+    whose penalty (e.g. sum of squares) is computed in the layer's compute dtype, "loss". A wrapper
+    has its inner layer's kind (TimeDistributed(Dense(activation="softmax")) is a softmax), except
+    an island, which already computes it in float32.
+    """
+    if not is_layer(layer):
+        return None
+    if isinstance(layer, keras.layers.Wrapper) and not is_island(layer):
+        return op_kind(layer.layer)
+    activation = getattr(layer, "activation", None)
+    if isinstance(layer, keras.layers.Softmax) or any(activation is f for f in SOFTMAX_ACTIVATIONS):
+        return "softmax"
+    if any(activation is f for f in EXP_ACTIVATIONS):
+        return "exp"
+    if isinstance(layer, NORMALIZATION_LAYERS) or normalization_dtype(layer) is not None:
+        return "normalization"
+    if getattr(layer, "activity_regularizer", None) is not None:
+        return "loss"
+    return None
+
+
+# The dataflow of a normalisation's statistics: a root (or its reciprocal) of a mean or sum of
+# squares, through casts, an epsilon added and reshapes (TF op types, TF 2.21).
+_ROOTS = ("Rsqrt", "Sqrt")
+_REDUCTIONS = ("Mean", "Sum")
+_SQUARES = ("Square", "SquaredDifference", "Pow")
+_TO_ROOT = ("Cast", "AddV2", "Add", "Maximum", "Identity", "Reshape", "ExpandDims", "Squeeze")
+_TO_REDUCTION = ("Cast", "Identity", "Reshape", "Transpose", "ExpandDims")
+
+
+def _float_dtype(op: Any) -> str | None:
+    """The floating-point dtype `op` computes in: its first float input's."""
+    return next((t.dtype.name for t in op.inputs if t.dtype.is_floating), None)
+
+
+def _back(tensor: Any, through: tuple[str, ...], found: Callable[[Any], bool], depth: int = 8) -> list:
+    """The ops `found` accepts that feed `tensor` through ops of the types `through`."""
+    op = tensor.op
+    if found(op):
+        return [op]
+    if depth == 0 or op.type not in through:
+        return []
+    return [hit for t in op.inputs if t.dtype.is_floating for hit in _back(t, through, found, depth - 1)]
+
+
+def _is_square(op: Any) -> bool:
+    # x * x is a square too (the same tensor twice); Pow is keras-hub's ops.power(x, 2) (any power
+    # of the input summed and rooted is a statistic with the same range problem).
+    return op.type in _SQUARES or (op.type == "Mul" and len(op.inputs) == 2 and op.inputs[0] is op.inputs[1])
+
+
+def _root_of_mean_of_squares_dtype(ops: list) -> str | None:
+    """The least precise dtype a root of a mean of squares among `ops` computes in, or None.
+
+    Both halves count: the squares (which overflow float16 past 256 and keep 8 bits in bfloat16)
+    and the root. `ops` are TensorFlow graph operations.
+    """
+    dtypes = []
+    for root in (op for op in ops if op.type in _ROOTS):
+        for reduction in _back(root.inputs[0], _TO_ROOT, lambda o: o.type in _REDUCTIONS):
+            for square in _back(reduction.inputs[0], _TO_REDUCTION, _is_square):
+                dtypes += [_float_dtype(square), _float_dtype(root)]
+    return min((d for d in dtypes if d is not None), key=lambda d: tf.as_dtype(d).size, default=None)
+
+
+def normalization_dtype(layer: Any) -> str | None:
+    """The dtype in which `layer`'s own call takes a root of a mean of squares, or None.
+
+    The evidence is the layer's ops: its call is traced (not run) once on its first recorded
+    input in a graph model, under its current policy. Only layers of a Sequential/functional graph
+    with one input tensor and no sublayers are traced (their ops are their own); None for the
+    others, whose ops only a traced model step attributes (`keras_amp.diagnostics`).
+    """
+    if not is_layer(layer) or isinstance(layer, keras.Model) or children(layer):
+        return None
+    try:
+        spec = layer.input  # the KerasTensor of its first call in a graph
+    except (AttributeError, ValueError):
+        return None  # never called on symbolic inputs (a subclassed model's or a composite's sublayer)
+    if not isinstance(spec, keras.KerasTensor) or not keras.backend.is_float_dtype(spec.dtype):
+        return None
+    try:
+        graph = tf.function(layer).get_concrete_function(tf.TensorSpec(spec.shape, spec.dtype)).graph
+    except Exception:  # noqa: BLE001 - a layer that cannot be traced alone gives no evidence
+        return None
+    return _root_of_mean_of_squares_dtype(graph.get_operations())
