@@ -18,7 +18,7 @@ state instead of the compute dtype for all: stock's casts are inline, with no ho
 and are built with `use_cudnn=False`, the public switch to the generic loop: the
 fused cuDNN kernel computes gates in the compute dtype. A float32-policy cell under
 stock `RNN.call` was measured as the alternative and rounds the returned and
-stateful states (BUILD_NOTES.md, "RNN.call copy").
+stateful states (BUILD_NOTES.md, "Layers").
 """
 
 import keras

@@ -234,7 +234,7 @@ NOT_REACHED = (
 
 
 def rules_markdown() -> str:
-    """`RULES` (and what they cannot reach) as a markdown table, for README and BUILD_NOTES."""
+    """`RULES` (and what they cannot reach) as a markdown table, for README."""
     lines = [
         "| op | kind | runs in | output | hazard in | applied by | reason |",
         "|---|---|---|---|---|---|---|",
