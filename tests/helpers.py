@@ -3,6 +3,7 @@ hold fixtures only."""
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 POLICIES = ["float32", "mixed_float16", "mixed_bfloat16"]
 MIXED = ["mixed_float16", "mixed_bfloat16"]
@@ -35,3 +36,17 @@ def softmax(x, axis=-1):
     """Float64 reference, max-shifted."""
     e = np.exp(x - x.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)
+
+
+class MyNorm(keras.layers.Layer):
+    """Named like a normalisation, computes none."""
+
+    def call(self, x):
+        return x * 2.0
+
+
+class Scaler(keras.layers.Layer):
+    """An innocent name over an RMS normalisation in raw TensorFlow, which no op rule reaches."""
+
+    def call(self, x):
+        return x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), axis=-1, keepdims=True) + 1e-6)

@@ -12,6 +12,7 @@ import keras_amp
 from keras_amp import layers as amp_layers
 from keras_amp import op_rules, recipes
 from keras_amp.diagnostics import check
+from tests.helpers import MyNorm, Scaler
 
 pytestmark = pytest.mark.filterwarnings("ignore:mixed_float16 requested:keras_amp.AmpWarning")
 
@@ -81,20 +82,6 @@ def test_attention_and_recurrence_in_16_bits():
 class UserNorm(keras.layers.Layer):
     def call(self, x):
         return x / keras.ops.sqrt(keras.ops.mean(keras.ops.square(x), axis=-1, keepdims=True))
-
-
-class MyNorm(keras.layers.Layer):
-    """Named like a normalisation, computes none."""
-
-    def call(self, x):
-        return x * 2.0
-
-
-class Scaler(keras.layers.Layer):
-    """An innocent name over an RMS normalisation in raw TensorFlow, which no op rule reaches."""
-
-    def call(self, x):
-        return x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), axis=-1, keepdims=True) + 1e-6)
 
 
 class Block(keras.layers.Layer):

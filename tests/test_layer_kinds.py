@@ -1,9 +1,9 @@
 """keras_amp.layer_kinds: what a layer computes, by Keras type, activation identity or traced ops."""
 
 import keras
-import tensorflow as tf
 
 from keras_amp import layer_kinds
+from tests.helpers import MyNorm, Scaler
 
 
 def test_op_kind_taxonomy():
@@ -14,20 +14,6 @@ def test_op_kind_taxonomy():
     assert layer_kinds.op_kind(keras.layers.ActivityRegularization(l2=1.0)) == "loss"
     assert layer_kinds.op_kind(keras.layers.TimeDistributed(keras.layers.Dense(2, activation="softmax"))) == "softmax"
     assert layer_kinds.op_kind(keras.layers.Dense(2, activation="relu")) is None
-
-
-class MyNorm(keras.layers.Layer):
-    """Named like a normalisation, computes none."""
-
-    def call(self, x):
-        return x * 2.0
-
-
-class Scaler(keras.layers.Layer):
-    """An innocent name over an RMS normalisation in raw TensorFlow."""
-
-    def call(self, x):
-        return x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), axis=-1, keepdims=True) + 1e-6)
 
 
 class Upcast(keras.layers.Layer):

@@ -7,10 +7,10 @@ import warnings
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_amp
 from keras_amp import model_graph, op_rules, recipe_roles, recipes
+from tests.helpers import MyNorm, Scaler
 
 MIXED = ["mixed_float16", "mixed_bfloat16"]
 # This CPU has no fast float16; enable() says so. The numerics, not the speed, are under test here.
@@ -391,20 +391,6 @@ def test_deny_list_is_float32_in_every_recipe():
     model = recipes.apply_recipe(deny_model(), "transformer")
     assert type(model.get_layer("softmax")) is keras.layers.Softmax  # no class swap
     assert model.get_layer("softmax").dtype_policy.name == "float32"
-
-
-class MyNorm(keras.layers.Layer):
-    """Named like a normalisation, computes none."""
-
-    def call(self, x):
-        return x * 2.0
-
-
-class Scaler(keras.layers.Layer):
-    """An innocent name over an RMS normalisation in raw TensorFlow."""
-
-    def call(self, x):
-        return x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), axis=-1, keepdims=True) + 1e-6)
 
 
 def test_deny_list_normalization_is_what_the_ops_compute_not_the_name():
