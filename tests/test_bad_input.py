@@ -228,7 +228,7 @@ ANY_VALUE = {
 PUBLIC_MODULES = (
     "keras_amp", "keras_amp.distribute", "keras_amp.distribute.local_cluster", "keras_amp.layers",
     "keras_amp.callbacks", "keras_amp.diagnostics", "keras_amp.auto_precision", "keras_amp.recipes",
-    "keras_amp.model_graph", "keras_amp.optimizers",
+    "keras_amp.model_graph", "keras_amp.layer_kinds", "keras_amp.optimizers",
 )
 
 

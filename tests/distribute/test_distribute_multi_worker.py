@@ -51,12 +51,13 @@ def test_stock_optimizer_deadlocks_on_one_worker_overflow():
     workers = local_cluster.launch(argv("mwms_overflow", "stock", timeout), 2, timeout=240, env=ENV)
     assert not any(w.timed_out for w in workers), [w.tail() for w in workers]
     assert all(w.returncode != 0 for w in workers), [w.tail() for w in workers]
-    # Each worker dies of the collective timeout (status 3 with its error), or TensorFlow aborts
-    # the process (SIGABRT) once the peer's collective was cancelled.
+    # Each worker dies of the collective timeout (status 3 with its error), or TensorFlow tears the
+    # process down once the peer's collective was cancelled: SIGABRT, or SIGSEGV in its teardown
+    # (seen once in a clean-clone CI run on a Zen 3, after the timeout had been reported).
     errors = [tagged(w.stdout, "RESULT") for w in workers]
     timed_out = [e for found in errors for e in found if "Collective has timed out" in e.get("message", "")]
     assert timed_out, [w.tail() for w in workers]
-    assert all(w.returncode in (3, -6) for w in workers), [w.tail() for w in workers]
+    assert all(w.returncode in (3, -6, -11) for w in workers), [w.tail() for w in workers]
 
 
 @pytest.mark.parametrize(
