@@ -20,7 +20,8 @@ from keras_amp.diagnostics import (
 from keras_amp.hardware import DeviceInfo, GpuInfo
 from keras_amp.op_rules import Matmul16DTypePolicy
 from keras_amp.optimizers import LossScaleOptimizer, MinScaleError, wrap
-from keras_amp.policy import AmpConfig, AmpWarning, config, disable, enable
+from keras_amp.policy import AmpConfig, AmpWarning, config
+from keras_amp.state import disable, enable
 from keras_amp.recipes import RecipePlan, apply_recipe, plan_recipe
 from keras_amp.auto_precision import (
     Float32Fallback,

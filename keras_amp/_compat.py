@@ -50,6 +50,8 @@ CALLBACKS = "keras_amp callbacks' per-batch logs"
 RECIPES = "apply_recipe"
 AUTO_PRECISION = "automatic precision (Float32Fallback, ProgressivePrecision)"
 MODEL_GRAPH = "the model walk (functional graphs, layer lists)"
+GRADIENTS = ("keras_amp's graph-mode custom gradients freed with their graph (off: tf.custom_gradient, "
+             "which keeps every traced graph that used one)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +152,11 @@ PINS: tuple[Pin, ...] = (
     Pin("keras.src.backend.tensorflow.trainer.TensorFlowTrainer.make_test_function", "ad5e9155b9298ef1", (RECIPES,)),
     Pin("keras.src.backend.tensorflow.trainer.TensorFlowTrainer.make_predict_function", "a772a2efdd906f9a", (RECIPES,)),
     Pin("keras.src.backend.tensorflow.trainer.TensorFlowTrainer.fit", "a9a6dc02a7ddafa8", (AUTO_PRECISION,)),
+    Pin("tensorflow.python.eager.record.record_operation", "6717cb36031a93d2", (GRADIENTS,)),
+    # The precision decisions ride in Keras's checkpoints: a saveable attribute the saving walk visits.
+    Pin("keras.src.saving.keras_saveable.KerasSaveable", "873b7d4c0312252b", (AUTO_PRECISION,)),
+    Pin("keras.src.saving.saving_lib._save_state", "472e9cc9267e3c4b", (AUTO_PRECISION,)),
+    Pin("keras.src.saving.saving_lib._load_state", "6dcef2082c1d2c75", (AUTO_PRECISION,)),
     # Keras's layer call stack (calling_layers: float32 islands, the matmul rule).
     Pin("keras.src.backend.common.global_state.get_global_attribute", "d39da35cc653dfaa",
         (FLOAT32_LAYERS, OP_MATMUL)),

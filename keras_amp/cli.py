@@ -27,6 +27,16 @@ class _BadInput(Exception):
     """A path, policy or batch `keras-amp check` cannot use (exit code 2)."""
 
 
+def _one_line(e: BaseException) -> str:
+    from keras_amp.diagnostics import user_site
+
+    return user_site.one_line(e)
+
+
+# The first bytes of the files Keras loads: a .keras archive is a zip, a legacy model HDF5.
+_ZIP, _HDF5 = b"PK\x03\x04", b"\x89HDF\r\n\x1a\n"
+
+
 def _load_batch(path: str):
     import numpy as np
 
@@ -55,10 +65,15 @@ def _load_model(path: str, policy: str | None):
             raise _BadInput(f"--policy: {e}") from e
     if not os.path.isfile(path):
         raise _BadInput(f"no such file: {path}")
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if not (head.startswith(_ZIP) or head.startswith(_HDF5)):
+        raise _BadInput(f"not a Keras model: {path} (a .keras file is a zip archive, a legacy .h5 file HDF5; "
+                        f"this one starts with {head!r})")
     try:
         return keras.saving.load_model(path)
     except Exception as e:  # Keras raises many types for a file that is not a loadable model
-        raise _BadInput(f"cannot load {path} as a Keras model: {type(e).__name__}: {e}") from e
+        raise _BadInput(f"not a Keras model, or one that cannot be loaded here: {path} ({_one_line(e)})") from e
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -76,25 +91,23 @@ def _check(args: argparse.Namespace) -> int:
     except _BadInput as e:
         print(f"keras-amp check: {e}", file=sys.stderr)
         return BAD_INPUT
+    except Exception as e:  # anything else while loading: still bad input, said in one line
+        print(f"keras-amp check: cannot load {args.model}: {_one_line(e)}", file=sys.stderr)
+        return BAD_INPUT
     x, y = batch if batch is not None else (None, None)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the report states what a warning would
             report = check_model(model, x)
             located = find_overflow(model, x, y) if batch is not None else None
-    except (TypeError, ValueError) as e:  # e.g. a batch whose shape the model does not take
-        print(f"keras-amp check: the batch does not fit the model: {e}", file=sys.stderr)
+    except Exception as e:  # out-of-range ids, a wrong shape, a model that cannot run: input, not findings
+        what = "the batch does not fit the model" if batch is not None else "the model cannot run"
+        print(f"keras-amp check: {what}: {_one_line(e)}", file=sys.stderr)
         return BAD_INPUT
     underflowing = located.underflowing(args.underflow) if located is not None else []
     diagnoses = []
     if located is not None and not located.ok:
-        layers = located.offending_layers()
-        diagnoses.append(symptoms.diagnose(
-            "non_finite_loss", {"scale_at_floor_or_overflowing": True,
-                                "forward_overflow": located.forward is not None and located.forward.layer in layers,
-                                "data_non_finite": located.forward is not None and located.forward.layer == "(input)"},
-            f"find_overflow at loss scale {located.loss_scale:g}", layers=layers,
-            half_scale=f"{located.loss_scale / 2:g}"))
+        diagnoses.append(_overflow_diagnosis(model, located, symptoms))
     if underflowing:
         diagnoses.append(symptoms.diagnose(
             "zero_gradients", {"loss_scaled": located.loss_scale > 1.0, "gradient_underflow": True},
@@ -116,6 +129,25 @@ def _check(args: argparse.Namespace) -> int:
         for d in diagnoses:
             print(d)
     return CLEAN if clean else FINDINGS
+
+
+def _overflow_diagnosis(model, located, symptoms):
+    """The non-finite-loss diagnosis of `find_overflow`'s report: the data first, then the scale."""
+    import keras
+
+    layers = located.offending_layers()
+    scaled = isinstance(getattr(model, "optimizer", None), keras.optimizers.LossScaleOptimizer)
+    forward = located.forward is not None and located.forward.layer in layers
+    facts = {"data_non_finite": bool(located.data), "loss_scaled": scaled,
+             # find_overflow ran at the scale training uses: a layer producing inf/NaN there, forward
+             # or backward, overflows the steps; a non-finite loss from finite layers does not.
+             "scale_at_floor_or_overflowing": forward or located.backward is not None,
+             "forward_overflow": forward}
+    context = {"layers": layers, "data": "; ".join(f"the --batch {d}" for d in located.data)}
+    if scaled:
+        context.update(half_scale=f"{located.loss_scale / 2:g}", double_scale=f"{located.loss_scale * 2:g}")
+    return symptoms.diagnose("non_finite_loss", facts, f"find_overflow at loss scale {located.loss_scale:g}",
+                             **context)
 
 
 def _troubleshoot(args: argparse.Namespace) -> int:

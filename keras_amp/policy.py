@@ -1,9 +1,15 @@
 """`enable()` / `config()` / `disable()`: the one owner of keras_amp's global precision state.
 
-Nothing else in keras_amp writes Keras's global dtype policy or TensorFlow's TF32 flag; modules
-with global state of their own that follows the config (the op rules) register a listener
-(`add_config_listener`). `enable()` and `disable()` apply the policy, TF32 and every listener
-all or nothing, so `config()` always describes what is in force. `AmpConfig` records it; its
+Nothing else in keras_amp writes Keras's global dtype policy or TensorFlow's TF32 flag. State
+of its own that follows the config (the op rules) is put in line by the `followers` the caller
+passes: `keras_amp.enable()` / `disable()` (`keras_amp/state.py`) pass the op rules' installer
+in a plain call, and nothing registers itself at import. `enable()` and `disable()` apply the
+policy, TF32 and every follower all or nothing, so `config()` always describes what is in force.
+
+Threads: Keras keeps its dtype policy per thread, keras_amp's config and op rules per process,
+so both are set from the main thread only; `enable()` / `disable()` from another thread raise
+`RuntimeError`. Build models in the main thread after `enable()` (a model built in another
+thread gets that thread's policy, float32 unless it set one). `AmpConfig` records it; its
 `fingerprint()` is the single definition of "precision settings that must match on every
 worker" (compared by `keras_amp.distribute`).
 """
@@ -148,50 +154,50 @@ class _Saved:
     tf32: bool | None  # None: enable() never set TF32, so disable() leaves it alone.
 
 
-ConfigListener = Callable[[Optional[AmpConfig]], None]
+Follower = Callable[[Optional[AmpConfig]], None]
 
 _lock = threading.RLock()
 _config: AmpConfig | None = None
 _saved: _Saved | None = None
-_listeners: list[ConfigListener] = []
 
 
-def add_config_listener(fn: ConfigListener) -> None:
-    """Calls `fn(config)` on every `enable()` (the new `AmpConfig`) and `disable()` (None).
-
-    A listener that raises makes that `enable()`/`disable()` fail as a whole: the previous
-    policy, TF32 setting and config are restored, every listener already called is called
-    again with the previous config, and the error propagates. Registering the same function
-    twice is a no-op; a listener is not called for the config already in force.
-    """
-    validation.check_callable("fn", fn)
-    with _lock:
-        if fn not in _listeners:
-            _listeners.append(fn)
+def _check_followers(followers: Any) -> tuple[Follower, ...]:
+    validation.check_type("followers", followers, (tuple, list), "a tuple of callables")
+    for i, fn in enumerate(followers):
+        validation.check_callable(f"followers[{i}]", fn)
+    return tuple(followers)
 
 
-def remove_config_listener(fn: ConfigListener) -> None:
-    """Stops calling `fn`; a no-op when it is not registered."""
-    with _lock:
-        if fn in _listeners:
-            _listeners.remove(fn)
+def _check_main_thread(call: str) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError(
+            f"keras_amp.{call}() must be called from the main thread: Keras keeps the dtype policy "
+            "per thread while keras_amp's config and op rules are per process, so a call from "
+            f"another thread would leave the two disagreeing. Received: a call from thread "
+            f"{threading.current_thread().name!r}. Call it from the main thread, before building "
+            "the model there.")
 
 
 def _current_tf32() -> bool:
     return bool(tf.config.experimental.tensor_float_32_execution_enabled())
 
 
-def _apply(new: AmpConfig | None, policy: keras.DTypePolicy | str, tf32: bool | None, saved: _Saved | None) -> None:
-    """Puts `new` in force (policy, TF32, listeners), or nothing at all. Call with `_lock` held."""
+def _apply(new: AmpConfig | None, policy: keras.DTypePolicy | str, tf32: bool | None, saved: _Saved | None,
+           followers: tuple[Follower, ...]) -> None:
+    """Puts `new` in force (policy, TF32, followers), or nothing at all. Call with `_lock` held.
+
+    A follower that raises makes the call fail as a whole: the previous policy, TF32 setting and
+    config are restored, every follower already called is called again with the previous config
+    (a failure there is noted on the first error), and the error propagates."""
     global _config, _saved
     old_policy, old_tf32, old_config = keras.config.dtype_policy(), _current_tf32(), _config
-    called: list[ConfigListener] = []
+    called: list[Follower] = []
     try:
         if tf32 is not None:
             tf.config.experimental.enable_tensor_float_32_execution(tf32)
         keras.config.set_dtype_policy(policy)
-        for fn in list(_listeners):
-            called.append(fn)  # before the call: a listener that raises may have half-applied.
+        for fn in followers:
+            called.append(fn)  # before the call: a follower that raises may have half-applied.
             fn(new)
     except BaseException as error:
         keras.config.set_dtype_policy(old_policy)
@@ -200,8 +206,8 @@ def _apply(new: AmpConfig | None, policy: keras.DTypePolicy | str, tf32: bool | 
             try:
                 fn(old_config)
             except Exception as rollback_error:  # noqa: BLE001 - the first error is the one to raise
-                logging.error("keras_amp: config listener %r failed while rolling back: %s", fn, rollback_error)
-                error.add_note(f"keras_amp: rolling back listener {fn!r} also failed: {rollback_error!r}")
+                logging.error("keras_amp: follower %r failed while rolling back: %s", fn, rollback_error)
+                error.add_note(f"keras_amp: rolling back follower {fn!r} also failed: {rollback_error!r}")
         raise
     _config, _saved = new, saved
 
@@ -300,6 +306,7 @@ def enable(
     tf32: bool | None = None,
     device: hardware.DeviceInfo | None = None,
     xla_scores: bool = True,
+    followers: tuple = (),
 ) -> AmpConfig:
     """Sets the global precision policy (and optionally TF32) before a model is built.
 
@@ -315,7 +322,9 @@ def enable(
             16-bit matmul with float32 accumulation and result: exact float32 logits at the
             16-bit matmul's speed. XLA's compiler adds about 70 MiB of fixed process memory on a
             CPU (where Keras does not otherwise use XLA); False computes it as a float32 matmul
-            instead (same logits, slower: on a bfloat16 CPU about 5% of a Transformer step).
+            instead (same logits, slower).
+        followers: Tuple of callables, each called with the new `AmpConfig` inside the same
+            all-or-nothing step (`keras_amp.enable()` passes the op rules' installer).
 
     Returns:
         The `AmpConfig` now in force. Calling `enable()` again replaces it; `disable()`
@@ -325,6 +334,8 @@ def enable(
         >>> config = keras_amp.enable()          # mixed_bfloat16 on a bf16-capable CPU/GPU
         >>> model = build_model()                # layers compute in config.compute_dtype
     """
+    _check_main_thread("enable")
+    followers = _check_followers(followers)
     requested = _resolve_policy_arg(policy)
     if tf32 is not None:
         tf32 = validation.check_bool("tf32", tf32)
@@ -356,7 +367,7 @@ def enable(
             reason=reason,
             xla_scores=xla_scores,
         )
-        _apply(new, name, tf32, saved)
+        _apply(new, name, tf32, saved, followers)
     if warning:
         warnings.warn(warning, AmpWarning, stacklevel=2)
     logging.info("keras_amp: policy %s (%s); tf32=%s; %s", name, reason, new.tf32, new.device)
@@ -368,9 +379,12 @@ def config() -> AmpConfig | None:
     return _config
 
 
-def disable() -> None:
-    """Restores exactly what `enable()` changed (dtype policy, TF32); a no-op when not enabled."""
+def disable(followers: tuple = ()) -> None:
+    """Restores exactly what `enable()` changed (dtype policy, TF32), calling each of `followers`
+    with None in the same all-or-nothing step; a no-op when not enabled."""
+    _check_main_thread("disable")
+    followers = _check_followers(followers)
     with _lock:
         if _saved is None:
             return
-        _apply(None, _saved.policy, _saved.tf32, None)
+        _apply(None, _saved.policy, _saved.tf32, None, followers)

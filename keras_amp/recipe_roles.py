@@ -57,7 +57,7 @@ def saves_its_cell(rnn: Any) -> bool:
         return True
 
 
-def is_16bit(dtype: str) -> bool:
+def is_16bit_dtype(dtype: str) -> bool:
     return dtype in LOW_PRECISION
 
 
@@ -127,7 +127,7 @@ def kept_deny_reason(kind: str, layer: Any, parent: Any, policy: str) -> str:
     head = (f"deny list: {kind}; kept in {policy}, the policy of {parent.name!r}, whose own code may not "
             "take a float32 output")
     what = _WHAT.get(kind, "it runs")
-    if not is_16bit(dtype):
+    if not is_16bit_dtype(dtype):
         return f"{head}; {what} in {dtype}"
     traced = layer_kinds.normalization_dtype(layer) if kind == "normalization" else None
     if traced is not None:
@@ -158,7 +158,7 @@ def normalization_between_16bit_layers(model, out, planned, compute) -> None:
     to a float32 layer or island, they stay float32: a float32 input is then not rounded first.
     """
     candidates = [i for i, (layer, e) in enumerate(out) if type(layer) in _FLOAT32_INSIDE and e.reason == NORM_DENIED]
-    if not candidates or not is_16bit(policy_from_name(compute).compute_dtype):
+    if not candidates or not is_16bit_dtype(policy_from_name(compute).compute_dtype):
         return
 
     def dtype_of(layer):
@@ -172,6 +172,6 @@ def normalization_between_16bit_layers(model, out, planned, compute) -> None:
     for i in candidates:
         layer, entry = out[i]
         around = (feeding.get(id(layer)), fed.get(id(layer)))
-        if all(dtypes and all(is_16bit(d) for d in dtypes) for dtypes in around):
+        if all(dtypes and all(is_16bit_dtype(d) for d in dtypes) for dtypes in around):
             planned[id(layer)] = (compute, NORM_BETWEEN_16BIT)
             out[i] = (layer, dataclasses.replace(entry, policy=compute, reason=NORM_BETWEEN_16BIT))

@@ -50,7 +50,7 @@ from typing import Any, Mapping
 import keras
 from absl import logging
 
-from keras_amp import layer_kinds, model_graph, recipe_roles
+from keras_amp import layer_kinds, layer_policies, model_graph, recipe_roles
 from keras_amp import policy as amp_policy
 from keras_amp import validation
 from keras_amp.op_rules.matmul import PREFIX as MATMUL16_PREFIX
@@ -186,7 +186,7 @@ def _decide(recipe, layer, parent, model, planned, first, last, compute) -> tupl
     # Called from a subclassed model's or a composite layer's own code, which may mix its output
     # with other tensors (TF adds no implicit casts: float32 + bfloat16 is an error), a layer keeps
     # the dtype relation to its parent it was built with.
-    if recipe_roles.is_16bit(parent.compute_dtype) and layer.compute_dtype != parent.compute_dtype:
+    if recipe_roles.is_16bit_dtype(parent.compute_dtype) and layer.compute_dtype != parent.compute_dtype:
         return layer.dtype_policy.name, f"kept: built {layer.compute_dtype} inside a {parent.compute_dtype} parent"
     if kind is not None:
         return inherited, recipe_roles.kept_deny_reason(kind, layer, parent, inherited)
@@ -266,18 +266,6 @@ def _reset_compiled_functions(model: keras.Model) -> None:
     model.predict_function = None
 
 
-def _refresh_build_time_state(layer: Any) -> None:
-    """Recomputes what `layer` cast to its compute dtype when it was built (Keras 3.15.1)."""
-    # Normalization casts its mean and variance to the compute dtype in build() (given mean and
-    # variance) or finalize_state() (adapted): recompute them from the float32 originals, or the
-    # layer would keep using 16-bit-rounded constants after its policy changed.
-    if isinstance(layer, keras.layers.Normalization) and layer.built:
-        if layer.input_mean is not None:
-            layer.build_from_config(layer.get_build_config())
-        else:
-            layer.finalize_state()
-
-
 def apply_recipe(model: keras.Model, recipe: str, rules: Mapping[Any, Any] | None = None) -> keras.Model:
     """Sets per-layer dtype policies from a recipe on `model` itself, and returns the same model.
 
@@ -308,25 +296,14 @@ def apply_recipe(model: keras.Model, recipe: str, rules: Mapping[Any, Any] | Non
         >>> keras_amp.apply_recipe(model, "transformer", rules={r"logits": "float32"})
     """
     plan, entries = _plan(model, recipe, rules)
-    changed: list[tuple[Any, Any]] = []
-    for layer, entry in entries:
-        if layer.dtype_policy.name == entry.policy:
-            continue
-        try:
-            old = layer.dtype_policy
-            layer.dtype_policy = policy_from_name(entry.policy)
-            changed.append((layer, old))
-            _refresh_build_time_state(layer)
-        except Exception as e:  # a third-party layer may define dtype_policy without a setter
-            for done, old in reversed(changed):  # all or nothing: no half-converted model
-                done.dtype_policy = old
-                _refresh_build_time_state(done)
-            raise ValueError(
-                f"apply_recipe could not set the dtype policy of layer {entry.path!r} "
-                f"({type(layer).__name__}) to {entry.policy!r}: {type(e).__name__}: {e}. Build that "
-                f"layer with dtype={entry.policy!r}, or keep its policy with "
-                f"rules={{{entry.path!r}: {layer.dtype_policy.name!r}}}"
-            ) from e
+    by_path = {entry.path: (layer, entry) for layer, entry in entries}
+    try:  # all or nothing: no half-converted model
+        layer_policies.set_in_place((entry.path, layer, entry.policy) for layer, entry in entries)
+    except layer_policies.PolicyChangeError as e:
+        layer, entry = by_path[e.path]
+        raise ValueError(
+            f"apply_recipe: {e}. Build that layer with dtype={entry.policy!r}, or keep its policy with "
+            f"rules={{{entry.path!r}: {layer.dtype_policy.name!r}}}") from e
     model.dtype_policy = plan.compute_policy
     _reset_compiled_functions(model)
     logging.info("apply_recipe %r on %r:\n%s", recipe, model.name, plan)

@@ -130,3 +130,58 @@ def test_console_command_exit_code(tmp_path):
                           capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == cli.FINDINGS, done.stderr[-2000:]
     assert "layer 'k'" in done.stdout
+
+
+def _one_line_error(err):
+    assert err.startswith("keras-amp check: ") and err.count("\n") == 1, err  # one line
+    assert "Traceback" not in err and 'File "' not in err, err  # no Python or TensorFlow frames
+
+
+def test_running_the_model_fails_exits_2_in_one_line(tmp_path, capsys):
+    # Out-of-range token ids: TensorFlow's gather fails inside the model. Before: a traceback, exit 1.
+    keras.config.set_dtype_policy("mixed_float16")
+    inp = keras.Input((4,), dtype="int32")
+    h = keras.layers.Embedding(10, 8, name="embed")(inp)
+    model = _compile(keras.Model(inp, keras.layers.Dense(1, dtype="float32", name="head")(h)))
+    path = _save(model, tmp_path, "tokens")
+    ids = str(tmp_path / "ids.npz")
+    np.savez(ids, x=np.full((2, 4), 99, "int32"), y=np.zeros((2, 4, 1), "float32"))
+    code, _, err = _run(capsys, "check", path, "--batch", ids)
+    assert code == cli.BAD_INPUT
+    _one_line_error(err)
+    assert "the batch does not fit the model" in err
+    # A wrong-shape batch: TensorFlow's message, without its stack frames.
+    wrong = str(tmp_path / "wrong.npz")
+    np.savez(wrong, x=np.zeros((2, 3, 5), "float32"))
+    code, _, err = _run(capsys, "check", path, "--batch", wrong)
+    assert code == cli.BAD_INPUT
+    _one_line_error(err)
+
+
+def test_a_file_that_is_not_a_model_is_said_as_such(tmp_path, capsys):
+    not_model = tmp_path / "weights.keras"
+    not_model.write_bytes(b"\x00" * 64)  # exists, is not a zip or HDF5 file. Before: "File not found"
+    code, _, err = _run(capsys, "check", str(not_model))
+    assert code == cli.BAD_INPUT and "not a Keras model" in err and "not found" not in err.lower(), err
+    _one_line_error(err)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_non_finite_batch_is_a_finding_that_says_repair_the_data(tmp_path, capsys, policy):
+    keras.config.set_dtype_policy(policy)
+    path = _save(_softmax_model(softmax_dtype="float32"), tmp_path, "model")
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.5, 1.0, (16, 8)).astype("float32")
+    x[3, 5] = np.nan
+    batch = str(tmp_path / "nan.npz")
+    np.savez(batch, x=x, y=np.ones((16, 1), "float32"))
+    code, out, _ = _run(capsys, "check", path, "--batch", batch)
+    assert code == cli.FINDINGS, out
+    assert "Repair or filter the data" in out and "--batch" in out, out
+    assert "Lower the initial loss scale" not in out  # the scale is not what went wrong
+    assert "<" not in out.split("Repair or filter the data")[1].split("\n")[0]  # no unfilled placeholder
+    # Guard: the same model and a clean batch are clean.
+    x[3, 5] = 0.7
+    np.savez(batch, x=x, y=np.ones((16, 1), "float32"))
+    code, out, _ = _run(capsys, "check", path, "--batch", batch)
+    assert code == cli.CLEAN, out

@@ -30,6 +30,14 @@ with warnings.catch_warnings(record=True) as caught:
     config = keras_amp.enable("mixed_bfloat16")
     installed = sorted(r.op for r in op_rules.RULES if r.by == "keras_amp" and op_rules.rule_installed(r.op))
     fit_fix = trainer_fix.install_fit_fix()
+    keras_amp.enable("mixed_float16")
+    import keras
+    try:
+        keras_amp.LossScaleOptimizer(keras.optimizers.SGD())
+        lso = "constructed"
+    except _compat.FeatureOff as e:
+        lso = "FeatureOff: " + str(e)
+    wrapped = type(keras_amp.wrap(keras.optimizers.SGD())).__module__
     keras_amp.disable()
 print(json.dumps({
     "off": {f: list(r) for f, r in _compat.off_features().items()},
@@ -38,6 +46,8 @@ print(json.dumps({
     "installed": installed,
     "fit_fix": fit_fix,
     "policy": config.policy,
+    "lso": lso,
+    "wrapped": wrapped,
 }))
 """
 
@@ -60,6 +70,7 @@ def test_the_tested_keras_has_every_feature_on():
     report = _run("")
     assert report["off"] == {} and report["warnings"] == [] and report["rule_warnings"] == []
     assert report["installed"] == _all_rules() and report["fit_fix"] is True
+    assert report["lso"] == "constructed" and report["wrapped"].startswith("keras_amp.")
 
 
 def test_a_renamed_private_method_turns_off_what_overrides_it():
@@ -73,6 +84,10 @@ def test_a_renamed_private_method_turns_off_what_overrides_it():
     assert report["off"][_compat.LSO] == [f"{name} is missing"]
     assert len(report["warnings"]) == 1 and _compat.LSO in report["warnings"][0] and name in report["warnings"][0]
     assert report["installed"] == _all_rules() and report["fit_fix"] is True  # the rest stays on
+    # Our optimizer refuses to run without its override (it would be bypassed in silence); wrap()
+    # falls back to stock loss scaling, under the one warning already given.
+    assert report["lso"].startswith(f"FeatureOff: keras_amp: {_compat.LSO} is off") and name in report["lso"]
+    assert report["wrapped"].startswith("keras.src.optimizers.")
 
 
 def test_a_changed_source_turns_off_only_the_rules_standing_on_it():
@@ -95,7 +110,8 @@ def test_a_changed_source_turns_off_only_the_rules_standing_on_it():
     # a warning each; every other rule is installed.
     skipped = {"softmax", "attention scores feeding softmax / log_softmax (any matmul, einsum or `@` of two activations)"}
     assert report["installed"] == sorted(set(_all_rules()) - skipped)
-    assert len(report["rule_warnings"]) == 2 and all(name in w for w in report["rule_warnings"])
+    # Said at each install (mixed_bfloat16, then mixed_float16): the same two rows each time.
+    assert len(set(report["rule_warnings"])) == 2 and all(name in w for w in report["rule_warnings"])
 
 
 def test_a_missing_module_turns_off_what_imports_it():

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_amp.diagnostics.overflow import find_overflow
+from keras_amp.diagnostics.overflow import find_overflow, non_finite_data
 
 SCALE = 2.0**15
 
@@ -183,14 +183,36 @@ def test_model_state_is_left_as_it_was():
         not np.array_equal(before[3], model.get_layer("bn").moving_variance.numpy())
 
 
-def test_non_finite_input_is_blamed_on_the_input():
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("where", ["inputs", "labels"])
+def test_non_finite_data_is_named_and_comes_first(policy, where):
+    keras.config.set_dtype_policy(policy)
+    model, _ = _build("functional", [(1.0, "k")])  # no planted overflow: only the data is not finite
+    model.compile(loss="mse")
+    x, y = _batch()
+    clean = find_overflow(model, x, y, loss_scale=SCALE)
+    assert clean.ok and clean.data == ()  # guard: the batch alone decides
+    (x if where == "inputs" else y)[3, 0] = np.nan
+    report = find_overflow(model, x, y, loss_scale=SCALE)
+    size = x.size if where == "inputs" else y.size
+    assert report.data == (f"{where}: 1 of {size} values NaN/inf, first at row 3, feature 0",)
+    assert not report.ok and report.offending_layers() == []  # the data is not a layer to move to float32
+    text = str(report).splitlines()
+    assert text[1] == f"  data: {report.data[0]}: repair or filter the data first (the batch itself is not finite)"
+    if where == "inputs":
+        assert report.forward.layer == "(input)"
+    # Structured inputs are named by key; integer arrays (token ids) cannot hold NaN and are skipped.
+    assert non_finite_data({"ids": np.zeros((2, 3), "int32"), "f": x}, None) == (
+        (f"inputs['f']: 1 of {x.size} values NaN/inf, first at row 3, feature 0",) if where == "inputs" else ())
+
+
+def test_an_empty_batch_is_a_clear_value_error():
     keras.config.set_dtype_policy("mixed_float16")
     model, _ = _build("functional", BACKWARD)
     model.compile(loss="mse")
     x, y = _batch()
-    x[3, 2] = np.nan
-    report = find_overflow(model, x, y)
-    assert report.forward.layer == "(input)"
+    with pytest.raises(ValueError, match=r"`x` must hold at least one sample.*Received: x with batch size 0"):
+        find_overflow(model, x[:0], y[:0])
 
 
 def test_labels_optional_and_a_loss_needs_them():

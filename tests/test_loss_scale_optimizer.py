@@ -253,6 +253,20 @@ def test_validation_errors_name_argument_and_value(kwargs, exc, fragment):
         LossScaleOptimizer(keras.optimizers.SGD(), **kwargs)
 
 
+def test_unknown_arguments_raise_the_stock_value_error():
+    # Stock Keras raises ValueError naming them in the order given; a drop-in subclass must too
+    # (Keras's own test_init_unsupported_arg runs in tests/layers/test_keras_suites.py).
+    pattern = "does not support arguments: `foo`, `bar`"
+    with pytest.raises(ValueError, match=pattern):
+        keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(), foo=True, bar=3)
+    with pytest.raises(ValueError, match=pattern + r"\. Received: foo=True, bar=3\. Allowed: inner_optimizer"):
+        LossScaleOptimizer(keras.optimizers.SGD(), foo=True, bar=3)
+    # The legacy base-optimizer arguments keep the stock rule: accepted at their defaults only.
+    LossScaleOptimizer(keras.optimizers.SGD(), clipnorm=None, use_ema=False)
+    with pytest.raises(ValueError, match="on the `inner_optimizer`"):
+        LossScaleOptimizer(keras.optimizers.SGD(), clipnorm=1.0)
+
+
 def test_validation_inner_optimizer():
     with pytest.raises(TypeError, match="inner_optimizer"):
         LossScaleOptimizer("sgd")

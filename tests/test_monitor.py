@@ -2,6 +2,7 @@
 
 import glob
 import os
+import re
 import time
 import warnings
 
@@ -267,8 +268,92 @@ def test_decision_tree_is_one_table_for_every_printer():
     for node in symptoms.NODES:
         for line in (node.question,) if not node.is_leaf else ():
             assert line in markdown and line in text
-    d = symptoms.diagnose("non_finite_loss", {"scale_at_floor_or_overflowing": True, "forward_overflow": False},
+    d = symptoms.diagnose("non_finite_loss", {"data_non_finite": False, "loss_scaled": True,
+                                              "scale_at_floor_or_overflowing": True, "forward_overflow": False},
                           half_scale="16384")
     assert d.actions[0] == "Lower the initial loss scale 2x: LossScaleOptimizer(..., initial_scale=16384)."
+    # An unknown fact stops the walk: one action (find it out), never both branches' actions.
     unknown = symptoms.diagnose("non_finite_loss", {})
-    assert len(unknown.actions) > len(d.actions) and "unknown" in unknown.steps[0][1]
+    assert unknown.steps == (("Does the batch itself (inputs or labels) contain NaN/inf?", "unknown"),)
+    assert len(unknown.actions) == 1 and unknown.actions[0].startswith("Answer first:")
+    # Every template is filled: with the caller's values, else with an expression to evaluate.
+    for name in symptoms.SYMPTOM_NAMES:
+        for facts in ({}, {"data_non_finite": True}, {"data_non_finite": False, "loss_scaled": False,
+                                                      "forward_overflow": True}):
+            assert not re.search(r"<[a-z]", " ".join(symptoms.diagnose(name, facts).actions)), (name, facts)
+    assert not re.search(r"<[a-z]", symptoms.render_markdown() + symptoms.render_text())
+
+
+MIXED = ("mixed_float16", "mixed_bfloat16")
+_DATA_Q = "Does the batch itself (inputs or labels) contain NaN/inf?"
+
+
+def _fit_with_nan(policy, where, probe_rows, callbacks=()):
+    """A fit whose batch 5 (rows 40..47) holds one NaN in `where`; the monitor's probe is `probe_rows`."""
+    keras.config.set_dtype_policy(policy)
+    model = _plain_model()
+    inner = keras.optimizers.SGD(1e-3)
+    # mixed_float16 trains with a loss-scale optimizer; mixed_bfloat16 needs none (and so has no scale).
+    opt = keras_amp.LossScaleOptimizer(inner, initial_scale=256.0) if policy == "mixed_float16" else inner
+    model.compile(optimizer=opt, loss="mse")
+    x, y = _data()
+    (x if where == "inputs" else y)[41, 0] = np.nan
+    monitor = LossScaleMonitor(log_every=2, probe=(x[probe_rows], y[probe_rows]))
+    with pytest.warns(keras_amp.AmpWarning, match="The loss is NaN or inf") as caught:
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False, callbacks=[monitor, *callbacks])
+    return monitor, opt, caught
+
+
+@pytest.mark.parametrize("policy", MIXED)
+@pytest.mark.parametrize("where", ["inputs", "labels"])
+@pytest.mark.parametrize("seen", ["in_the_step", "on_the_probe"])
+def test_nan_in_the_data_is_diagnosed_first_as_data(policy, where, seen):
+    probe_rows = slice(0, 16) if seen == "in_the_step" else slice(40, 48)
+    monitor, opt, caught = _fit_with_nan(policy, where, probe_rows)
+    (d,) = [d for d in monitor.diagnoses if d.symptom.name == "non_finite_loss"]
+    assert d.steps == ((_DATA_Q, "yes"),), d
+    assert d.actions[0].startswith("Repair or filter the data (")
+    # Named: the training step (counted in the step) and, from the probe, the row and feature.
+    assert f"NaN/inf in the training batch of step 6 of this fit (epoch 1, batch 5): {where} (1 batch)" \
+        in d.actions[0]
+    if seen == "on_the_probe":
+        assert f"the probe batch's {where}: 1 of {8 if where == 'labels' else 64} values NaN/inf, " \
+               "first at row 1, feature 0" in d.actions[0]
+    text = str(d)
+    assert "Lower the initial loss scale" not in text and not re.search(r"<[a-z]", text)
+    # The warnings point at the user's fit call (this file), not into keras_amp or Keras.
+    assert {w.filename for w in caught if issubclass(w.category, keras_amp.AmpWarning)} == {__file__}
+    if policy == "mixed_float16":  # guard: the NaN batch really overflowed the loss-scale optimizer
+        assert int(opt.overflow_count.numpy()) >= 1
+    else:  # guard: no loss scale to halve (the old advice had an unfilled initial_scale there)
+        assert not isinstance(opt, keras.optimizers.LossScaleOptimizer)
+
+
+def test_clean_data_under_bfloat16_walks_one_branch():
+    # A non-finite loss with finite data and no loss scale: the forward-pass question, then one leaf.
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = _model()
+    model.compile(optimizer=keras.optimizers.SGD(1.0), loss="mse")  # diverges: lr 1 on a 1e5 gain
+    x, y = _data()
+    monitor = LossScaleMonitor(log_every=2)
+    with pytest.warns(keras_amp.AmpWarning, match="The loss is NaN or inf"):
+        model.fit(x, y * 1e30, batch_size=8, epochs=1, verbose=0, shuffle=False, callbacks=[monitor])
+    (d,) = [d for d in monitor.diagnoses if d.symptom.name == "non_finite_loss"]
+    assert d.steps[:2] == ((_DATA_Q, "no"), ("Is the loss scaled (a LossScaleOptimizer)?", "no")), d
+    assert len(d.actions) == 1 and d.actions[0].startswith("Answer first: Does the forward pass"), d
+
+
+@pytest.mark.parametrize("probe", ["empty", "wrong_shape"])
+def test_a_probe_that_cannot_run_is_a_warning_and_training_goes_on(probe):
+    keras.config.set_dtype_policy("mixed_float16")
+    model = _plain_model()
+    model.compile(optimizer=keras_amp.LossScaleOptimizer(keras.optimizers.SGD(1e-3)), loss="mse")
+    x, y = _data()
+    batch = (x[:0], y[:0]) if probe == "empty" else (x[:16, :3], y[:16])
+    monitor = LossScaleMonitor(log_every=2, probe=batch)
+    with pytest.warns(keras_amp.AmpWarning, match="the probe batch cannot be used") as caught:
+        history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[monitor])
+    assert len(history.epoch) == 2 and monitor.diagnoses == []
+    (w,) = [w for w in caught if issubclass(w.category, keras_amp.AmpWarning)]  # once, at the fit call
+    assert w.filename == __file__
+    assert "Traceback" not in str(w.message) and "\n" not in str(w.message)

@@ -268,114 +268,166 @@ def test_layers_built_after_enable_compute_in_the_chosen_dtype(policy_name, laye
     assert layer.weights and all(keras.backend.standardize_dtype(w.dtype) == "float32" for w in layer.weights)
 
 
-# --- config listeners and atomic enable() (issue 14) ---
+# --- followers and atomic enable() (issue 14; explicit state, issue 25) ---
 
 
-@pytest.fixture
-def listener_log():
-    log = []
-
-    def record(config):
-        log.append(None if config is None else config.policy)
-
-    policy.add_config_listener(record)
-    yield log
-    policy.remove_config_listener(record)
+class _Log(list):
+    def record(self, config):
+        self.append(None if config is None else config.policy)
 
 
-def test_listeners_see_every_enable_and_disable(listener_log):
+def test_followers_see_every_enable_and_disable():
+    log = _Log()
+    policy.enable("mixed_bfloat16", device=ZEN4, followers=(log.record,))
+    policy.enable("float32", device=ZEN4, followers=(log.record,))
+    policy.disable((log.record,))
+    policy.disable((log.record,))  # no-op: nothing enabled, followers not called
+    assert log == ["mixed_bfloat16", "float32", None]
+
+
+def test_keras_amp_enable_installs_the_op_rules_in_a_plain_call():
+    from keras_amp import op_rules, state
+    from keras_amp.op_rules import installer
+
+    assert installer.sync in state.FOLLOWERS
     keras_amp.enable("mixed_bfloat16", device=ZEN4)
+    assert op_rules.installed() == "bfloat16"
     keras_amp.enable("float32", device=ZEN4)
+    assert op_rules.installed() is None
+    keras_amp.enable("mixed_float16", device=gpus((7, 0)))
+    assert op_rules.installed() == "float16"
     keras_amp.disable()
-    keras_amp.disable()  # no-op: nothing enabled, listeners not called
-    assert listener_log == ["mixed_bfloat16", "float32", None]
+    assert op_rules.installed() is None
+    # policy.enable alone sets the policy and nothing else: no follower is registered anywhere.
+    policy.enable("mixed_bfloat16", device=ZEN4)
+    assert op_rules.installed() is None
+    policy.disable()
 
 
-def test_add_config_listener_rejects_non_callable():
-    with pytest.raises(TypeError, match=r"`fn` must be callable. Received: fn=3"):
-        policy.add_config_listener(3)
+def test_followers_must_be_callables():
+    with pytest.raises(TypeError, match=r"`followers\[0\]` must be callable. Received: followers\[0\]=3"):
+        policy.enable("float32", device=ZEN4, followers=(3,))
+    with pytest.raises(TypeError, match=r"`followers` must be a tuple of callables"):
+        policy.disable(followers=print)
 
 
-class _ListenerFailure(RuntimeError):
+class _FollowerFailure(RuntimeError):
     pass
 
 
 @pytest.mark.parametrize("tf32_before", [True, False], ids=["tf32_on", "tf32_off"])
-def test_enable_is_all_or_nothing_when_a_listener_raises(listener_log, tf32_before):
+def test_enable_is_all_or_nothing_when_a_follower_raises(tf32_before):
     tf.config.experimental.enable_tensor_float_32_execution(tf32_before)
     keras.config.set_dtype_policy("float64")
-    first = keras_amp.enable("mixed_bfloat16", device=ZEN4)
+    log = _Log()
+    first = policy.enable("mixed_bfloat16", device=ZEN4, followers=(log.record,))
     calls = []
 
     def failing(config):
         calls.append(None if config is None else config.policy)
         if config is not None and config.policy == "mixed_float16":
-            raise _ListenerFailure("cannot install")
+            raise _FollowerFailure("cannot install")
 
-    policy.add_config_listener(failing)
-    try:
-        with pytest.raises(_ListenerFailure, match="cannot install"):
-            keras_amp.enable("mixed_float16", tf32=not tf32_before, device=gpus((7, 0)))
-        # Nothing changed: policy, TF32, config, and every listener is back on the old config.
-        assert keras_amp.config() is first
-        assert keras.config.dtype_policy().name == "mixed_bfloat16"
-        assert tf.config.experimental.tensor_float_32_execution_enabled() is tf32_before
-        assert listener_log == ["mixed_bfloat16", "mixed_float16", "mixed_bfloat16"]
-        assert calls == ["mixed_float16", "mixed_bfloat16"]
-        # The tf32 attempt left no trace in what disable() restores.
-        keras_amp.disable()
-        assert keras.config.dtype_policy().name == "float64"
-        assert tf.config.experimental.tensor_float_32_execution_enabled() is tf32_before
-    finally:
-        policy.remove_config_listener(failing)
+    with pytest.raises(_FollowerFailure, match="cannot install"):
+        policy.enable("mixed_float16", tf32=not tf32_before, device=gpus((7, 0)), followers=(log.record, failing))
+    # Nothing changed: policy, TF32, config, and every follower is back on the old config.
+    assert keras_amp.config() is first
+    assert keras.config.dtype_policy().name == "mixed_bfloat16"
+    assert tf.config.experimental.tensor_float_32_execution_enabled() is tf32_before
+    assert log == ["mixed_bfloat16", "mixed_float16", "mixed_bfloat16"]
+    assert calls == ["mixed_float16", "mixed_bfloat16"]
+    # The tf32 attempt left no trace in what disable() restores.
+    keras_amp.disable()
+    assert keras.config.dtype_policy().name == "float64"
+    assert tf.config.experimental.tensor_float_32_execution_enabled() is tf32_before
 
 
-def test_first_enable_rolls_back_to_not_enabled(listener_log):
+def test_first_enable_rolls_back_to_not_enabled():
     keras.config.set_dtype_policy("float64")
+    log = _Log()
 
     def failing(config):
-        raise _ListenerFailure("no")
+        raise _FollowerFailure("no")
 
-    policy.add_config_listener(failing)
-    try:
-        with pytest.raises(_ListenerFailure):
-            keras_amp.enable("mixed_bfloat16", tf32=True, device=ZEN4)
-    finally:
-        policy.remove_config_listener(failing)
+    with pytest.raises(_FollowerFailure):
+        policy.enable("mixed_bfloat16", tf32=True, device=ZEN4, followers=(log.record, failing))
     assert keras_amp.config() is None
     assert keras.config.dtype_policy().name == "float64"
-    assert listener_log == ["mixed_bfloat16", None]
+    assert log == ["mixed_bfloat16", None]
 
 
 def test_failing_rollback_is_noted_on_the_original_error():
     def always_fails(config):
-        raise _ListenerFailure(f"config={config}")
+        raise _FollowerFailure(f"config={config}")
 
-    policy.add_config_listener(always_fails)
-    try:
-        with pytest.raises(_ListenerFailure) as info:
-            keras_amp.enable("float32", device=ZEN4)
-    finally:
-        policy.remove_config_listener(always_fails)
-    assert "rolling back listener" in "".join(info.value.__notes__)
+    with pytest.raises(_FollowerFailure) as info:
+        policy.enable("float32", device=ZEN4, followers=(always_fails,))
+    assert "rolling back follower" in "".join(info.value.__notes__)
     assert keras_amp.config() is None
 
 
-def test_disable_is_all_or_nothing_when_a_listener_raises():
+def test_disable_is_all_or_nothing_when_a_follower_raises():
     config = keras_amp.enable("mixed_bfloat16", device=ZEN4)
 
     def refuses_none(new):
         if new is None:
-            raise _ListenerFailure("cannot uninstall")
+            raise _FollowerFailure("cannot uninstall")
 
-    policy.add_config_listener(refuses_none)
-    try:
-        with pytest.raises(_ListenerFailure):
-            keras_amp.disable()
-        assert keras_amp.config() is config
-        assert keras.config.dtype_policy().name == "mixed_bfloat16"
-    finally:
-        policy.remove_config_listener(refuses_none)
+    with pytest.raises(_FollowerFailure):
+        policy.disable((refuses_none,))
+    assert keras_amp.config() is config
+    assert keras.config.dtype_policy().name == "mixed_bfloat16"
+
+
+# --- threads (issue 22): Keras's policy is per thread, keras_amp's state per process ---
+
+
+def test_enable_and_disable_from_another_thread_are_refused():
+    import threading
+
+    keras_amp.enable("mixed_bfloat16", device=ZEN4)
+    errors = {}
+
+    def worker(name, call):
+        try:
+            call()
+        except RuntimeError as e:
+            errors[name] = str(e)
+
+    threads = [threading.Thread(target=worker, args=("enable", lambda: keras_amp.enable("float32", device=ZEN4)),
+                                name="builder-1"),
+               threading.Thread(target=worker, args=("disable", keras_amp.disable), name="builder-2")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert "keras_amp.enable() must be called from the main thread" in errors["enable"]
+    assert "'builder-1'" in errors["enable"]
+    assert "keras_amp.disable() must be called from the main thread" in errors["disable"]
+    # Nothing changed: the config, Keras's policy in this thread and the rules agree.
+    from keras_amp import op_rules
+
+    assert keras_amp.config().policy == "mixed_bfloat16"
+    assert keras.config.dtype_policy().name == "mixed_bfloat16" and op_rules.installed() == "bfloat16"
+
+
+def test_a_model_built_in_the_main_thread_follows_the_config():
+    # Stock Keras, for contrast: a thread that builds gets its own (float32) policy, whatever
+    # the main thread set; keras_amp documents "build in the main thread" and refuses the
+    # call that would make its config and Keras's policy disagree.
+    import threading
+
+    config = keras_amp.enable("mixed_bfloat16", device=ZEN4)
+    seen = {}
+
+    def build():
+        seen["thread"] = keras.layers.Dense(2).dtype_policy.name
+
+    t = threading.Thread(target=build)
+    t.start()
+    t.join()
+    assert keras.layers.Dense(2).dtype_policy.name == config.policy
+    assert seen["thread"] == "float32"
 
 
 def test_failure_describing_the_device_changes_nothing(monkeypatch):

@@ -1,14 +1,17 @@
-"""Per-layer policies of a built model, read and set in place (shared by search, fallback, schedule)."""
+"""Per-layer policies of a built model, read and set in place (shared by search, fallback, schedule),
+and the store that keeps the callbacks' precision decisions in the model's checkpoints."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+import json
+from typing import Any, Iterator, Protocol
 
 import keras
+import numpy as np
 
-from keras_amp import model_graph
-from keras_amp.op_rules.matmul import Matmul16DTypePolicy, policy_from_name
+from keras_amp import _compat, layer_policies, model_graph
+from keras_amp.op_rules.matmul import Matmul16DTypePolicy
 
 FLOAT32 = "float32"
 
@@ -28,6 +31,8 @@ def set_policies(model: keras.Model, policies: dict[str, str]) -> None:
 
     Variables are untouched (mixed and float32 policies both keep float32 variables), so
     weights and optimizer state carry over; the next `fit`/`evaluate`/`predict` traces anew.
+    `layer_policies.set_in_place` sets them: all or nothing, a quantized layer keeps its
+    quantization (or the change is refused naming it), `Normalization` statistics are refreshed.
     """
     layers = layers_by_path(model)
     unknown = sorted(set(policies) - set(layers))
@@ -36,9 +41,8 @@ def set_policies(model: keras.Model, policies: dict[str, str]) -> None:
             f"Unknown layer path(s) for model {model.name!r}: {unknown}. "
             f"Allowed: the paths of its layers, e.g. {list(layers)[:5]}"
         )
-    for path, name in policies.items():
-        if layers[path].dtype_policy.name != name:
-            layers[path].dtype_policy = policy_from_name(name)
+    # The one in-place setter: all or nothing, quantization kept, Normalization refreshed.
+    layer_policies.set_in_place((path, layers[path], name) for path, name in policies.items())
     reset_functions(model)
 
 
@@ -72,3 +76,110 @@ def temporary_policies(model: keras.Model) -> Iterator[None]:
         yield
     finally:
         set_policies(model, saved)
+
+
+def global_step(optimizer: Any) -> int:
+    """Training steps run so far, read from the optimizer (so it is checkpointed with it).
+
+    keras_amp's LossScaleOptimizer counts every step, applied or skipped, in `total_steps`;
+    any other optimizer's `iterations` counts applied steps (a stock LossScaleOptimizer leaves
+    skipped steps out).
+    """
+    if not optimizer.built:
+        return 0  # fit builds the optimizer at its first step: no step has run yet
+    counter = getattr(optimizer, "total_steps", None)
+    if counter is None:
+        counter = optimizer.iterations
+    return int(keras.ops.convert_to_numpy(counter))
+
+
+class Checkpointed(Protocol):
+    """A callback whose decisions `DecisionStore` saves and restores."""
+
+    def checkpoint_state(self) -> dict: ...
+
+    def restore_state(self, state: dict) -> None: ...
+
+
+STORE_ATTR = "_keras_amp_decisions"
+# Off (`_compat.AUTO_PRECISION`): a plain object the saving walk skips; `decision_store` warns.
+_SAVEABLE = _compat.original("keras.src.saving.keras_saveable.KerasSaveable") or object
+
+
+class DecisionStore(_SAVEABLE):
+    """The precision decisions of keras_amp's callbacks, saved with the model's weights.
+
+    It hangs on the model as a plain attribute (`decision_store(model)`), outside Keras's
+    tracking, so it adds nothing to `model.weights`; Keras's saving walk visits every attribute,
+    so `save_weights`, `.keras` files, `BackupAndRestore` and `ModelCheckpoint` write it beside
+    the layers and the optimizer, and `load_weights` reads it back into the same model. Each
+    registered callback's state is one uint8 array holding JSON: decisions name layers and carry
+    evidence strings, which no numeric variable holds. The host writes it at save time and
+    reads it at load time, so nothing of it runs inside the step or differs between replicas.
+    """
+
+    def __init__(self):
+        self._owners: dict[str, Checkpointed] = {}
+        self._unclaimed: dict[str, dict] = {}  # loaded before its callback registered
+
+    def _obj_type(self):
+        # Keras's saving walk accepts only its own kinds here; it uses the kind to skip the base
+        # class's attributes. A bare Operation's are the fewest, and ours hold no saveables.
+        return "Operation"
+
+    def register(self, owner: Checkpointed) -> str:
+        """Saves `owner`'s state from now on; restores state loaded for its name; returns the name."""
+        for name, known in self._owners.items():
+            if known is owner:
+                return name
+        base = type(owner).__name__
+        name, i = base, 1
+        while name in self._owners:
+            name, i = f"{base}_{i}", i + 1
+        self._owners[name] = owner
+        if name in self._unclaimed:
+            owner.restore_state(self._unclaimed.pop(name))
+        return name
+
+    def save_own_variables(self, store):
+        states = dict(self._unclaimed)  # a save must not drop what a load brought in
+        states.update({name: owner.checkpoint_state() for name, owner in self._owners.items()})
+        for name, state in sorted(states.items()):
+            store[name] = np.frombuffer(json.dumps(state, sort_keys=True).encode("utf-8"), np.uint8)
+
+    def load_own_variables(self, store):
+        # A checkpoint written without a callback's state (older, or trained without it) leaves
+        # that callback as it is.
+        for name in list(store.keys()):
+            state = json.loads(np.asarray(store[name], np.uint8).tobytes().decode("utf-8"))
+            if name in self._owners:
+                self._owners[name].restore_state(state)
+            else:
+                self._unclaimed[name] = state
+
+
+def decision_store(model: keras.Model) -> DecisionStore:
+    """The model's `DecisionStore`, attached on first use."""
+    store = model.__dict__.get(STORE_ATTR)
+    if store is None:
+        _compat.warn_off(_compat.AUTO_PRECISION)  # then the decisions are not checkpointed
+        store = DecisionStore()
+        # object.__setattr__: Keras's tracking would add it to the model's layers and lock
+        # checks; the saving walk finds plain attributes too.
+        object.__setattr__(model, STORE_ATTR, store)
+    return store
+
+
+def reapply_float32(model: keras.Model, paths) -> tuple[str, ...]:
+    """Sets `paths` (and their Matmul16 recurrences) back to float32 where a rebuilt model lost it.
+
+    Rebuilds the train function when anything changed (callers run inside `fit`); returns the
+    paths whose policy changed.
+    """
+    layers = layers_by_path(model)
+    wanted = float32_policies(model, [p for p in paths if p in layers])
+    changed = tuple(p for p in wanted if layers[p].dtype_policy.name != FLOAT32)
+    if changed:
+        set_policies(model, {p: FLOAT32 for p in changed})
+        model.make_train_function(force=True)
+    return changed

@@ -10,6 +10,11 @@ layer's policy is part of its config, so a `.keras` reload of a Sequential or fu
 trains the same way (a subclassed model rebuilds its sublayers from code: re-apply
 `decisions` there). After `max_layers` moves, or when the locator names no layer it can move,
 it stops acting and logs the diagnosis instead.
+
+The decisions and the detector's position (step count, overflow streak, last overflow count)
+are saved with the model's weights (`_policies.DecisionStore`), so a run restored by
+`BackupAndRestore` or from a `ModelCheckpoint` sets the moved layers to float32 again at
+`on_train_begin`/`on_epoch_begin` instead of relearning them with another skipped step.
 """
 
 from __future__ import annotations
@@ -66,6 +71,11 @@ class Float32Fallback(keras.callbacks.Callback):
             losing at least this fraction of its gradient elements to zero/subnormals on the
             probe also moves to float32.
         probe_batches: Int, default 4. How many probe batches the locator may try.
+
+    The decisions are saved with the model's weights and set again after a restore. List this
+    callback before `BackupAndRestore`/`ModelCheckpoint` so an epoch-end (underflow) move is in
+    that epoch's checkpoint; to resume from a weights-only file, call
+    `fallback.set_model(model)` before `model.load_weights(path)`.
     """
 
     def __init__(self, probe: Any, *, max_layers: int = 2, patience: int = 2, check_every: int = 1,
@@ -84,8 +94,37 @@ class Float32Fallback(keras.callbacks.Callback):
         self.gave_up: str | None = None
         self._step = 0
         self._streak = 0
-        self._last_overflows = 0
+        self._last_overflows: int | None = None  # None until training (or a checkpoint) sets it
         self._loss_blocked = False
+
+    def set_model(self, model):
+        super().set_model(model)
+        _policies.decision_store(model).register(self)
+
+    def checkpoint_state(self) -> dict:
+        """Decisions and detector position, for the model's checkpoint."""
+        return {
+            "decisions": [dataclasses.asdict(d) for d in self.decisions],
+            "gave_up": self.gave_up,
+            "step": self._step,
+            "streak": self._streak,
+            "last_overflows": self._last_overflows,
+            "loss_blocked": self._loss_blocked,
+        }
+
+    def restore_state(self, state: dict) -> None:
+        """Takes decisions and detector position from a checkpoint; the hooks set the policies again."""
+        self.decisions = [FallbackDecision(**d) for d in state["decisions"]]
+        self.gave_up = state["gave_up"]
+        self._step = int(state["step"])
+        self._streak = int(state["streak"])
+        self._last_overflows = None if state["last_overflows"] is None else int(state["last_overflows"])
+        self._loss_blocked = bool(state["loss_blocked"])
+
+    def _reapply(self) -> None:
+        changed = _policies.reapply_float32(self.model, [d.layer for d in self.decisions])
+        if changed:
+            logging.warning("Float32Fallback: restored %s -> float32 (decided before the restart)", ", ".join(changed))
 
     def _overflow_count(self) -> int | None:
         """keras_amp's LossScaleOptimizer's skipped-step count; None without one."""
@@ -97,10 +136,14 @@ class Float32Fallback(keras.callbacks.Callback):
         return int(keras.ops.convert_to_numpy(optimizer.overflow_count))
 
     def on_train_begin(self, logs=None):
-        self._last_overflows = self._overflow_count() or 0
-        self._streak = 0
+        self._reapply()
+        # The streak and the last count are training state, kept across fit() calls and
+        # checkpoints; only a fresh callback starts counting from the optimizer's value.
+        if self._last_overflows is None:
+            self._last_overflows = self._overflow_count() or 0
 
     def on_epoch_begin(self, epoch, logs=None):
+        self._reapply()  # also here: a BackupAndRestore listed after this callback restores later
         self._loss_blocked = False
 
     def on_train_batch_end(self, batch, logs=None):
@@ -109,7 +152,7 @@ class Float32Fallback(keras.callbacks.Callback):
             return
         overflows = self._overflow_count()
         if overflows is not None:  # a skipped step is the overflow signal
-            event = overflows > self._last_overflows
+            event = overflows > (self._last_overflows or 0)
             self._last_overflows = overflows
         else:
             # The logged loss is the epoch's running mean: once non-finite it stays so until the

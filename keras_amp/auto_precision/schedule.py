@@ -4,6 +4,13 @@ The source document's "progressive precision": train fast in 16 bits, then give 
 matter most float32 for the final stretch. Each change sets the layers' policies in place
 (variables and optimizer state are untouched: mixed policies already keep float32 variables),
 rebuilds the train function once, and is logged and kept in `changes`.
+
+A change is due once training has reached its point (epoch >= scheduled, global step >=
+scheduled), not only at that exact point, so a run resumed later, or a `fit()` that starts
+past it, still applies it. The global step is read from the optimizer (checkpointed with it),
+once per epoch. The changes applied are kept in the model's checkpoints (`_policies.DecisionStore`)
+and set again when training resumes, also for a change whose point the resumed run never reaches
+again.
 """
 
 from __future__ import annotations
@@ -35,11 +42,19 @@ class PrecisionChange:
 class ProgressivePrecision(keras.callbacks.Callback):
     """Raises layers to float32 at scheduled points of training.
 
+    A change applies before the first epoch (or step) at or past its key. The global step is
+    the number of training steps the optimizer has run across every `fit()`: keras_amp's
+    LossScaleOptimizer's `total_steps` (skipped steps included), else `iterations` (a stock
+    LossScaleOptimizer leaves skipped steps out). Applied changes are saved with the model's
+    weights (`save_weights`, `.keras`, `BackupAndRestore`, `ModelCheckpoint`) and set again at
+    `on_train_begin`/`on_epoch_begin` after a restore. To resume from a weights-only file,
+    call `schedule.set_model(model)` before `model.load_weights(path)`.
+
     Args:
         schedule: Mapping of int (0-based epoch or global step at which the change applies,
             before that epoch/step runs) to an iterable of layer-path regexes (matched in full
             against each layer's path or name).
-        unit: String. "epoch" (default) or "step" (global training steps across epochs).
+        unit: String. "epoch" (default) or "step" (global training steps across `fit()` calls).
 
     Example:
         >>> result = keras_amp.search_precision(model, ds)
@@ -72,7 +87,8 @@ class ProgressivePrecision(keras.callbacks.Callback):
                 raise ValueError(f"`schedule[{at}]` must name at least one layer. Received: schedule[{at}]={paths!r}")
             self.schedule[at] = tuple(patterns)
         self.changes: list[PrecisionChange] = []
-        self._step = 0
+        self._applied: set[int] = set()
+        self._epoch_start_step = 0
 
     @classmethod
     def from_search(cls, result: SearchResult, *, at: int, top: int = 1, unit: str = "epoch") -> "ProgressivePrecision":
@@ -84,38 +100,69 @@ class ProgressivePrecision(keras.callbacks.Callback):
             raise ValueError("The search already keeps every candidate layer in float32: nothing to raise.")
         return cls({at: [re.escape(d.path) for d in left[:top]]}, unit=unit)
 
-    def _apply(self, at: int) -> None:
-        patterns = self.schedule.get(at)
-        if patterns is None:
-            return
-        layers = _policies.layers_by_path(self.model)
-        hits = [p for p, l in layers.items() if any(r.fullmatch(p) or r.fullmatch(l.name) for r in patterns)]
+    def set_model(self, model):
+        super().set_model(model)
+        _policies.decision_store(model).register(self)
+
+    def checkpoint_state(self) -> dict:
+        """The applied changes, for the model's checkpoint."""
+        return {"unit": self.unit, "applied": sorted(self._applied),
+                "changes": [[c.unit, c.at, list(c.layers)] for c in self.changes]}
+
+    def restore_state(self, state: dict) -> None:
+        """Takes the applied changes from a checkpoint; the hooks set their policies again."""
+        self._applied = {int(at) for at in state["applied"] if int(at) in self.schedule}
+        self.changes = [PrecisionChange(u, int(at), tuple(layers)) for u, at, layers in state["changes"]]
+
+    def _hits(self, at: int, layers: dict) -> list[str]:
+        patterns = self.schedule[at]
         missing = [r.pattern for r in patterns if not any(r.fullmatch(p) or r.fullmatch(layers[p].name) for p in layers)]
         if missing:
             raise ValueError(
                 f"ProgressivePrecision: schedule[{at}] names no layer of model {self.model.name!r}: {missing}. "
                 f"Layer paths: {list(layers)[:8]}..."
             )
-        # With the Matmul16DTypePolicy recurrence a named layer sits in or contains (its matmuls).
-        wanted = _policies.float32_policies(self.model, hits)
-        changed = tuple(p for p in wanted if layers[p].dtype_policy.name != FLOAT32)
-        if not changed:
+        return [p for p, l in layers.items() if any(r.fullmatch(p) or r.fullmatch(l.name) for r in patterns)]
+
+    def _reapply(self) -> None:
+        """Sets the policies of changes applied before a restart again (a rebuilt model lost them)."""
+        if not self._applied:
             return
-        _policies.set_policies(self.model, {p: FLOAT32 for p in changed})
-        self.model.make_train_function(force=True)
-        self.changes.append(PrecisionChange(self.unit, at, changed))
-        logging.info("ProgressivePrecision: %s %d: %s -> float32", self.unit, at, ", ".join(changed))
+        layers = _policies.layers_by_path(self.model)
+        paths = [p for at in sorted(self._applied) for p in self._hits(at, layers)]
+        changed = _policies.reapply_float32(self.model, paths)
+        if changed:
+            logging.info("ProgressivePrecision: restored %s -> float32 (applied before the restart)", ", ".join(changed))
+
+    def _apply_due(self, now: int) -> None:
+        due = [at for at in sorted(self.schedule) if at <= now and at not in self._applied]
+        if not due:
+            return
+        layers = _policies.layers_by_path(self.model)
+        # With the Matmul16DTypePolicy recurrence a named layer sits in or contains (its matmuls).
+        wanted = {at: _policies.float32_policies(self.model, self._hits(at, layers)) for at in due}
+        todo: dict[str, str] = {}
+        for at in due:
+            changed = tuple(p for p in wanted[at] if layers[p].dtype_policy.name != FLOAT32 and p not in todo)
+            todo.update({p: FLOAT32 for p in changed})
+            self._applied.add(at)
+            if changed:
+                self.changes.append(PrecisionChange(self.unit, at, changed))
+                logging.info("ProgressivePrecision: %s %d (now %d): %s -> float32", self.unit, at, now, ", ".join(changed))
+        if todo:
+            _policies.set_policies(self.model, todo)
+            self.model.make_train_function(force=True)  # one retrace for every change due now
 
     def on_train_begin(self, logs=None):
-        self._step = 0
+        self._reapply()
 
     def on_epoch_begin(self, epoch, logs=None):
+        self._reapply()  # also here: a BackupAndRestore listed after this callback restores later
         if self.unit == "epoch":
-            self._apply(epoch)
+            self._apply_due(epoch)
+        else:
+            self._epoch_start_step = _policies.global_step(self.model.optimizer)  # one read per epoch
 
     def on_train_batch_begin(self, batch, logs=None):
         if self.unit == "step":
-            self._apply(self._step)
-
-    def on_train_batch_end(self, batch, logs=None):
-        self._step += 1
+            self._apply_due(self._epoch_start_step + batch)

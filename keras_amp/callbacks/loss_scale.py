@@ -23,7 +23,8 @@ from absl import logging
 from keras_amp import policy as amp_policy
 from keras_amp import validation
 from keras_amp.callbacks import summaries
-from keras_amp.diagnostics import symptoms
+from keras_amp.callbacks.data_watch import DataWatch
+from keras_amp.diagnostics import symptoms, user_site
 from keras_amp.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
 ON_NAN = ("warn", "stop")
@@ -62,9 +63,14 @@ class LossScaleMonitor(keras.callbacks.Callback):
       is left out).
 
     Each symptom is diagnosed once per `fit` by walking the decision tree of
-    `keras_amp.diagnostics.symptoms`, and the diagnosis is issued as an `AmpWarning` and kept
-    in `diagnoses`. Given a `probe` batch, the diagnosis of a non-finite loss names the layers
-    `find_overflow` blames.
+    `keras_amp.diagnostics.symptoms`, and the diagnosis is issued as an `AmpWarning` (at the
+    user's `fit` call) and kept in `diagnoses`. During `fit` every training step also counts
+    the batches whose inputs or labels hold NaN/inf (a `DataWatch` wraps the model's
+    `train_step`; its variables are read at log points): such data is diagnosed first, before
+    any question about the loss scale. Given a `probe` batch, the diagnosis of a non-finite
+    loss also names the probe's non-finite entries and the layers `find_overflow` blames.
+    The diagnostics never end training themselves: a probe that cannot run (empty, or the
+    wrong shape) is a warning, and the probe checks are off for that `fit`.
 
     Args:
         log_every: Int >= 1. Batches between log points. Defaults to 100.
@@ -142,6 +148,8 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self._fired: set[str] = set()
         self._gradient_probe = None
         self._located = None
+        self._probe_off = False
+        self._site = None
 
     def _optimizer(self):
         opt = getattr(self.model, "optimizer", None)
@@ -171,6 +179,10 @@ class LossScaleMonitor(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self._reset()
         self.diagnoses = []
+        self._site = user_site.find()  # the user's fit call: where the warnings point
+        self._watch_data()
+        if self.probe is not None and _rows(self.probe) == 0:
+            self._probe_failed("it is empty (0 rows)")
         if self._optimizer() is not None:  # a later fit: count overflows from here on
             self._read()
             self._at_epoch = self._at_log if self._at_log is not None else 0
@@ -215,11 +227,56 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self._check_memory()
 
     def on_train_end(self, logs=None):
+        watch = getattr(self, "_watch", None)
+        if watch is not None:
+            watch.remove()
         opt = self._optimizer()
         if isinstance(opt, LossScaleOptimizer):
             opt.host_check()
         if self._writer is not None:
             self._writer.flush()
+
+    # ------------------------------------------------------------------ data and probe
+    def _watch_data(self) -> None:
+        watch = getattr(self, "_watch", None)
+        if watch is None or watch.model is not self.model:
+            try:
+                watch = DataWatch(self.model)
+            except Exception as e:  # a diagnosis must not end training on its own
+                self._warn(f"LossScaleMonitor: the batches cannot be watched for NaN/inf ({_one_line(e)}); "
+                           "the diagnosis asks about the data instead of answering it.")
+                watch = None
+        self._watch = watch
+        if watch is not None:
+            watch.install()
+            watch.reset()
+
+    def _data_facts(self) -> tuple[bool | None, str]:
+        """(do the training batches or the probe hold NaN/inf, where), from the watch's counts and the probe."""
+        found = []
+        known = False
+        if self._watch is not None:
+            known = True
+            where = self._watch.describe((self.params or {}).get("steps"))
+            if where:
+                found.append(where)
+        if self.probe is not None and not self._probe_off:
+            from keras_amp.diagnostics.overflow import non_finite_data
+            known = True
+            found += [f"the probe batch's {w}" for w in non_finite_data(*self.probe)]
+        if found:
+            return True, "; ".join(found)
+        return (False if known else None), ""
+
+    def _probe_failed(self, why: str) -> None:
+        if not self._probe_off:
+            self._probe_off = True
+            self._warn(f"LossScaleMonitor: the probe batch cannot be used: {why}. The gradient symptoms "
+                       "and the overflow locator are off for this fit; training goes on. Pass "
+                       "probe=(x[:32], y[:32]) with rows the model takes.")
+
+    def _warn(self, message: str) -> None:
+        user_site.warn(message, amp_policy.AmpWarning, self._site)
 
     # ------------------------------------------------------------------ symptoms
     def _report(self, name: str, facts: dict, detail: str, **context) -> None:
@@ -228,7 +285,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self._fired.add(name)
         diagnosis = symptoms.diagnose(name, facts, detail, **context)
         self.diagnoses.append(diagnosis)
-        warnings.warn(str(diagnosis), amp_policy.AmpWarning, stacklevel=2)
+        self._warn(str(diagnosis))
 
     def _scale_context(self) -> dict:
         opt = self._optimizer()
@@ -245,28 +302,38 @@ class LossScaleMonitor(keras.callbacks.Callback):
         if loss is None or math.isfinite(float(loss)):
             return
         if "non_finite_loss" not in self._fired:
-            opt = self._optimizer()
-            facts: dict[str, Any] = {}
-            if isinstance(opt, LossScaleOptimizer):
-                facts["scale_at_floor_or_overflowing"] = (
-                    self._last.get("loss_scale", math.inf) <= opt.min_scale
-                    or self._last.get("overflows_since_log", 0) > 0 or self._last.get("overflow_count", 0) > 0)
-            context = self._scale_context()
-            report = self._locate()
-            if report is not None and not report.ok:
-                layers = report.offending_layers()
-                facts["forward_overflow"] = report.forward is not None and report.forward.layer in layers
-                facts["data_non_finite"] = report.forward is not None and report.forward.layer == "(input)"
-                context["layers"] = layers
+            facts, context = self._overflow_facts()
             self._report("non_finite_loss", facts, f"loss={float(loss)} after {self._batches} steps", **context)
         if self.on_nan == "stop" and not self.model.stop_training:
             logging.warning("LossScaleMonitor: non-finite loss after %d steps; stopping (on_nan='stop').",
                             self._batches)
             self.model.stop_training = True
 
+    def _overflow_facts(self) -> tuple[dict, dict]:
+        """The facts and template values of the overflow questions (data first, then the scale)."""
+        opt = getattr(self.model, "optimizer", None)
+        facts: dict[str, Any] = {"loss_scaled": isinstance(opt, keras.optimizers.LossScaleOptimizer)}
+        facts["data_non_finite"], data = self._data_facts()
+        context = self._scale_context()
+        if data:
+            context["data"] = data
+        opt = self._optimizer()
+        if opt is not None:
+            min_scale = getattr(opt, "min_scale", None)
+            facts["scale_at_floor_or_overflowing"] = (
+                (min_scale is not None and self._last.get("loss_scale", math.inf) <= min_scale)
+                or self._last.get("overflows_since_log", 0) > 0 or self._last.get("overflow_count", 0) > 0)
+        report = self._locate()
+        if report is not None:
+            layers = report.offending_layers()
+            facts["forward_overflow"] = report.forward is not None and report.forward.layer in layers
+            if layers:
+                context["layers"] = layers
+        return facts, context
+
     def _locate(self):
         """find_overflow on the probe batch, once per log point."""
-        if self.probe is None:
+        if self.probe is None or self._probe_off:
             return None
         if self._located is not None and self._located[0] == self._batches:
             return self._located[1]
@@ -274,7 +341,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         try:
             report = find_overflow(self.model, *self.probe)
         except Exception as e:  # a diagnosis must not end training on its own
-            logging.warning("LossScaleMonitor: find_overflow on the probe batch failed: %s", e)
+            self._probe_failed(f"find_overflow on it failed ({_one_line(e)})")
             report = None
         self._located = (self._batches, report)
         return report
@@ -287,24 +354,23 @@ class LossScaleMonitor(keras.callbacks.Callback):
         at_floor = (self._last.get("loss_scale", math.inf) <= opt.min_scale
                     and self._last.get("overflows_since_log", 0) > 0)
         self._floor_streak = self._floor_streak + 1 if at_floor else 0
-        if self._floor_streak >= 2:
-            report = self._locate()
-            facts = {}
-            context = self._scale_context()
-            if report is not None and not report.ok:
-                context["layers"] = report.offending_layers()
-                facts["forward_overflow"] = report.forward is not None and report.forward.layer in context["layers"]
+        if self._floor_streak >= 2 and "scale_at_floor" not in self._fired:
+            facts, context = self._overflow_facts()
             self._report("scale_at_floor", facts,
                          f"loss_scale={self._last['loss_scale']:g} = min_scale, overflowing, at 2 log points",
                          **context)
 
     def _check_gradients(self) -> None:
-        if self.probe is None:
+        if self.probe is None or self._probe_off:
             return
-        if self._gradient_probe is None:
-            from keras_amp.diagnostics.gradient_stats import GradientProbe
-            self._gradient_probe = GradientProbe(self.model, *self.probe)
-        report = self._gradient_probe.run()
+        try:
+            if self._gradient_probe is None:
+                from keras_amp.diagnostics.gradient_probe import GradientProbe
+                self._gradient_probe = GradientProbe(self.model, *self.probe)
+            report = self._gradient_probe.run()
+        except Exception as e:  # a diagnosis must not end training on its own
+            self._probe_failed(f"its gradient statistics failed ({_one_line(e)})")
+            return
         zero_layers = [s.path for s in report.layers if s.size and s.zero_fraction == 1.0]
         worst = {"(global)"} if report.layers and len(zero_layers) == len(report.layers) else set()
         worst |= set(zero_layers)
@@ -374,3 +440,13 @@ class LossScaleMonitor(keras.callbacks.Callback):
         if len(recent) == self.memory_epochs + 1 and rising:
             self._report("memory_growth", {}, f"{kind} {recent[0] / 2**20:.1f} MiB -> {recent[-1] / 2**20:.1f} MiB "
                          f"over {self.memory_epochs} epochs")
+
+
+def _rows(probe: tuple) -> int | None:
+    """The number of rows of a probe batch (None: not known)."""
+    leaves = [t for t in keras.tree.flatten(probe[0]) if hasattr(t, "shape") and len(t.shape)]
+    return None if not leaves or leaves[0].shape[0] is None else int(leaves[0].shape[0])
+
+
+def _one_line(e: Exception) -> str:
+    return user_site.one_line(e)

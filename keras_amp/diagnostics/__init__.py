@@ -5,7 +5,7 @@ the symptom library (the decision tree, as data)."""
 from keras_amp.diagnostics import symptoms
 from keras_amp.diagnostics.audit import AuditReport, OpRecord, audit_model
 from keras_amp.diagnostics.check import KINDS, Finding, ModelReport, check_model
-from keras_amp.diagnostics.gradient_stats import (
+from keras_amp.diagnostics.gradient_probe import (
     GradientProbe,
     GradientReport,
     LayerGradientStats,

@@ -1,6 +1,6 @@
 """Op-to-layer attribution: which layer created each op of a traced step (the package's one mapping).
 
-`find_overflow`, the gradient statistics (through `keras_amp.diagnostics.step`) and `audit_model`
+`find_overflow`, the gradient statistics (through `keras_amp.diagnostics.traced_step`) and `audit_model`
 stand on this module. While a step is traced, `attributing` wraps each layer's (and each
 functional operator node's) `call` for the duration of the trace only, recording which graph ops
 it created; `assign_owners` gives each op to the innermost layer that created it. TensorFlow

@@ -23,7 +23,7 @@ import keras
 import tensorflow as tf
 
 from keras_amp import validation
-from keras_amp.diagnostics import step as diag_step
+from keras_amp.diagnostics import traced_step as diag_step
 from keras_amp.op_rules.lean import source16
 
 MIB = float(1 << 20)

@@ -24,8 +24,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_amp import validation
-from keras_amp.diagnostics import attribution, gradient_stats
-from keras_amp.diagnostics import step as diag_step
+from keras_amp.diagnostics import attribution, gradient_probe
+from keras_amp.diagnostics import traced_step as diag_step
 
 
 _NOT_LAYERS = (attribution.INPUT, attribution.LOSS, attribution.GRADIENT_SUM)
@@ -72,7 +72,7 @@ class LayerOverflowStats:
     max_abs: float | None
     nonfinite_output: bool
     headroom_bits: float | None
-    gradients: gradient_stats.LayerGradientStats | None = None
+    gradients: gradient_probe.LayerGradientStats | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +87,8 @@ class OverflowReport:
         backward: `Producer` or None.
         backward_note: String. Why `backward` is None when it is ("" otherwise).
         layers: Tuple of `LayerOverflowStats`, in model order.
+        data: Tuple of strings. Where the batch itself holds NaN/inf ("inputs: 1 of 128 values
+            NaN/inf, first at row 3, feature 5"), one per input or label array; () when it is finite.
     """
 
     model: str
@@ -96,15 +98,17 @@ class OverflowReport:
     backward: Producer | None
     backward_note: str
     layers: tuple[LayerOverflowStats, ...]
+    data: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """No non-finite value was produced, forward or backward."""
-        return self.forward is None and self.backward is None and not self.backward_note
+        """The batch is finite and no non-finite value was produced, forward or backward."""
+        return self.forward is None and self.backward is None and not self.backward_note and not self.data
 
     def offending_layers(self) -> list[str]:
         """Paths of the producing layers, forward first (what to move to float32); the batch,
-        the loss and gradient sums are not layers and are left out."""
+        the loss and gradient sums are not layers and are left out (a non-finite batch is in
+        `data`)."""
         return list(dict.fromkeys(p.layer for p in (self.forward, self.backward)
                                   if p is not None and p.layer not in _NOT_LAYERS))
 
@@ -124,6 +128,8 @@ class OverflowReport:
 
     def __str__(self) -> str:
         lines = [f"find_overflow({self.model!r}): loss={self.loss:.6g} at loss scale {self.loss_scale:g}"]
+        for where in self.data:
+            lines.append(f"  data: {where}: repair or filter the data first (the batch itself is not finite)")
         for phase, p in (("forward", self.forward), ("backward", self.backward)):
             if p is not None:
                 lines.append(f"  {phase}: first non-finite value produced in layer {p.layer!r} "
@@ -145,6 +151,39 @@ class OverflowReport:
             lines.append(f"  {s.path:{width}} {s.compute_dtype:9} {act:>10} {room:>10} {gz:>9} {gu:>8} "
                          f"{gs:>8} {gn:>8}")
         return "\n".join(lines)
+
+
+def non_finite_data(x: Any, y: Any = None) -> tuple[str, ...]:
+    """Where the floating-point arrays of `x` and `y` hold NaN/inf: one line per array.
+
+    Names the array ("inputs", "inputs['ids']", "labels"), how many values are not finite, and
+    the first one's row and, for 2-D arrays and beyond, its index past the batch axis ("feature").
+    """
+    found = []
+    for part, value in (("inputs", x), ("labels", y)):
+        if value is None:
+            continue
+        for path, leaf in keras.tree.flatten_with_path(value):
+            if leaf is None or isinstance(leaf, (tf.SparseTensor, tf.RaggedTensor)):
+                continue
+            try:
+                array = np.asarray(leaf)
+            except (TypeError, ValueError):
+                continue
+            if array.dtype.kind != "f" and array.dtype.name != "bfloat16":
+                continue
+            bad = ~np.isfinite(array.astype("float32"))
+            if not bad.any():
+                continue
+            name = part + "".join(f"[{k!r}]" for k in path)
+            first = tuple(int(i) for i in np.argwhere(bad)[0])
+            where = f"first at row {first[0]}" if first else "a scalar"
+            if len(first) == 2:
+                where += f", feature {first[1]}"
+            elif len(first) > 2:
+                where += f", index {first[1:]}"
+            found.append(f"{name}: {int(bad.sum())} of {bad.size} values NaN/inf, {where}")
+    return tuple(found)
 
 
 def _measured(trace: attribution.Trace) -> list[tuple[int, Any]]:
@@ -180,7 +219,7 @@ class _Reducer:
             "max": tf.stack(maxes) if maxes else tf.zeros([0]),
             "layer_max": [tf.reduce_max(m) for m in layer_max],
             "layer_finite": [tf.reduce_all(f) for f in layer_fin],
-            "grads": [gradient_stats.stats_tensors(g, d, r) for g, r, d
+            "grads": [gradient_probe.stats_tensors(g, d, r) for g, r, d
                       in zip(grads_by_layer, reference_by_layer, self.grad_dtypes)],
         }
 
@@ -217,7 +256,8 @@ def find_overflow(model: keras.Model, x: Any, y: Any = None, loss: Any = None, *
                   jit_compile: bool | None = None) -> OverflowReport:
     """Runs one batch forward and backward and names the layer that first produces inf/NaN.
 
-    Reports, for the forward and for the backward pass, the first layer whose op turns finite
+    Reports where the batch itself holds NaN/inf (`data`: repair the data first); for the
+    forward and for the backward pass, the first layer whose op turns finite
     inputs into a non-finite output (not the layers that pass it on); each layer's largest
     |activation| and its headroom in bits to its output dtype's limit (65504 for float16); and
     the fraction of each layer's weight-gradient elements that are zero, underflowed to zero
@@ -248,6 +288,11 @@ def find_overflow(model: keras.Model, x: Any, y: Any = None, loss: Any = None, *
     if x is None:
         raise TypeError("`x` must be the model's input: an array, a tensor or the structure the model "
                         "takes. Received: x=None")
+    rows = [int(t.shape[0]) for t in keras.tree.flatten(x)
+            if getattr(t, "shape", None) is not None and len(t.shape) and t.shape[0] is not None]
+    if rows and min(rows) == 0:
+        raise ValueError("`x` must hold at least one sample (an empty batch has no loss to overflow). "
+                         f"Received: x with batch size 0 (shapes {[tuple(t.shape) for t in keras.tree.flatten(x)]})")
     training = validation.check_bool("training", training)
     if jit_compile is None:
         jit_compile = getattr(model, "jit_compile", False) is True
@@ -275,7 +320,7 @@ def find_overflow(model: keras.Model, x: Any, y: Any = None, loss: Any = None, *
         backward = _first_producer(trace, reducer.measured, out["finite"], trace.backward_start,
                                    len(trace.ops), "backward")
 
-    grads = {path: gradient_stats.from_counts(path, d, c) for (path, _, _), d, c
+    grads = {path: gradient_probe.from_counts(path, d, c) for (path, _, _), d, c
              in zip(step.layers, reducer.grad_dtypes, out["grads"])}
     out_max = dict(zip(reducer.layer_paths, out["layer_max"]))
     out_fin = dict(zip(reducer.layer_paths, out["layer_finite"]))
@@ -293,4 +338,5 @@ def find_overflow(model: keras.Model, x: Any, y: Any = None, loss: Any = None, *
             headroom_bits=_headroom(max_abs, out_dtype) if out_dtype and out_fin.get(path, True) else None,
             gradients=grads.get(path)))
     return OverflowReport(model=model.name, loss=float(out["loss"]), loss_scale=scale,
-                          forward=forward, backward=backward, backward_note=note, layers=tuple(layers))
+                          forward=forward, backward=backward, backward_note=note, layers=tuple(layers),
+                          data=non_finite_data(x, y))

@@ -13,6 +13,7 @@ are filled from what the caller knows, else with a generic phrase.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Mapping
 
 
@@ -52,13 +53,13 @@ class Node:
 
 SYMPTOMS: tuple[Symptom, ...] = (
     Symptom("non_finite_loss", "The loss is NaN or inf",
-            "the epoch-mean loss in the fit logs is not finite at a log point", "overflowing"),
+            "the epoch-mean loss in the fit logs is not finite at a log point", "data"),
     Symptom("zero_gradients", "Gradients are all zero",
             "the probe batch's gradients are all zero (globally, or in the worst layer) for N steps",
             "loss_scaled"),
     Symptom("scale_at_floor", "The loss scale is pinned at its floor",
             "loss_scale <= min_scale, with steps still overflowing, at two log points in a row",
-            "forward_overflow_at_floor"),
+            "data_at_floor"),
     Symptom("validation_swing", "Validation metrics swing",
             "a val_* metric changes by more than the threshold (relative) from one epoch to the next",
             "recent_overflows"),
@@ -73,27 +74,37 @@ SYMPTOMS: tuple[Symptom, ...] = (
 )
 
 _FLOAT32 = ("compute {layers} in float32: dtype='float32' on the layer, keras_amp.layers.Float32(...), "
-            "or keras_amp.apply_recipe(model, '<recipe>', rules={{'<layer name>': 'float32'}})")
+            "or keras_amp.apply_recipe(model, recipe, rules={rules})")
+
+_DATA_QUESTION = "Does the batch itself (inputs or labels) contain NaN/inf?"
+_DATA_HOW = ("the monitor counts such batches in every step and checks the probe batch; "
+             "keras_amp.find_overflow(model, x, y) lists them ('data:'); np.isfinite(x).all()")
+_FORWARD_HOW = "keras_amp.find_overflow(model, x, y) names the producing layer, forward and backward"
 
 NODES: tuple[Node, ...] = (
+    # Data first: under a LossScaleOptimizer a NaN/inf batch overflows at every scale, so the
+    # scale questions below would blame the scale for what the data did.
+    Node("data", _DATA_QUESTION, "data_non_finite", _DATA_HOW, "clean_data", "loss_scaled_nan"),
+    Node("clean_data", actions=(
+        "Repair or filter the data (dataset.filter(...), np.nan_to_num, or tf.debugging.check_numerics "
+        "in the input pipeline); NaN/inf in {data}. Lowering the loss scale cannot help: such a batch "
+        "overflows at every scale.",)),
+    Node("loss_scaled_nan", "Is the loss scaled (a LossScaleOptimizer)?", "loss_scaled",
+         "model.optimizer is a keras.optimizers.LossScaleOptimizer (mixed_float16 uses one, "
+         "mixed_bfloat16 needs none)", "overflowing", "forward_overflow_unscaled"),
     Node("overflowing", "Is the loss scale at its floor, or are steps overflowing?",
          "scale_at_floor_or_overflowing",
-         "the monitor's loss_scale (vs min_scale) and overflows_since_log", "forward_overflow", "data"),
+         "the monitor's loss_scale (vs min_scale) and overflows_since_log", "forward_overflow", "diverged"),
     Node("forward_overflow", "Does the forward pass itself produce the inf/NaN?", "forward_overflow",
-         "keras_amp.find_overflow(model, x, y) names the producing layer, forward and backward",
-         "move_to_float32", "lower_scale"),
+         _FORWARD_HOW, "move_to_float32", "lower_scale"),
+    Node("forward_overflow_unscaled", "Does the forward pass itself produce the inf/NaN?", "forward_overflow",
+         _FORWARD_HOW, "move_to_float32", "diverged"),
     Node("move_to_float32", actions=(
         "C" + _FLOAT32[1:] + ".",
         "Run keras_amp.find_overflow(model, x, y) again: it should report no producer.")),
     Node("lower_scale", actions=(
         "Lower the initial loss scale 2x: LossScaleOptimizer(..., initial_scale={half_scale}).",
         "If the backward pass still overflows, " + _FLOAT32 + ".")),
-    Node("data", "Does the batch itself (inputs or labels) contain NaN/inf?", "data_non_finite",
-         "np.isfinite(x).all() and np.isfinite(y).all(); find_overflow blames '(input)'",
-         "clean_data", "diverged"),
-    Node("clean_data", actions=(
-        "Remove or repair the non-finite samples (dataset.filter, or tf.debugging.check_numerics "
-        "in the input pipeline).",)),
     Node("diverged", actions=(
         "The loss grew to inf in float32 arithmetic: lower the learning rate or clip gradients "
         "(clipnorm=1.0), and look for log(0) or a division by zero in the loss.",
@@ -113,14 +124,13 @@ NODES: tuple[Node, ...] = (
     Node("dead_gradients", actions=(
         "The gradients are zero in float32 too: look for dead ReLUs, a stop_gradient, a frozen "
         "(trainable=False) layer or one not connected to the loss.",)),
+    Node("data_at_floor", _DATA_QUESTION, "data_non_finite", _DATA_HOW, "clean_data",
+         "forward_overflow_at_floor"),
     Node("forward_overflow_at_floor", "Does the forward pass itself produce the inf/NaN?",
-         "forward_overflow",
-         "keras_amp.find_overflow(model, x, y) names the producing layer, forward and backward",
-         "move_to_float32", "lower_floor"),
+         "forward_overflow", _FORWARD_HOW, "move_to_float32", "lower_floor"),
     Node("lower_floor", actions=(
         "Let the scale back off further: LossScaleOptimizer(..., min_scale={half_min_scale}).",
-        "If the backward pass overflows even there, " + _FLOAT32 + ".",
-        "Check the data for NaN/inf: np.isfinite(x).all().")),
+        "If the backward pass overflows even there, " + _FLOAT32 + ".")),
     Node("recent_overflows", "Did steps overflow since the previous evaluation?", "recent_overflows",
          "the monitor's overflows_since_log", "lower_scale", "outputs_float32"),
     Node("outputs_float32", "Do the model's outputs and loss compute in float32?", "outputs_float32",
@@ -148,17 +158,24 @@ _NODES = {n.id: n for n in NODES}
 _SYMPTOMS = {s.name: s for s in SYMPTOMS}
 SYMPTOM_NAMES = tuple(_SYMPTOMS)
 
+# What a template says where the caller does not know the value: an expression to evaluate,
+# never an unfilled placeholder.
 _GENERIC = {
     "layers": "the layers keras_amp.find_overflow(model, x, y) names",
-    "half_scale": "<current scale / 2>",
-    "double_scale": "<current scale * 2>",
-    "half_min_scale": "<min_scale / 2>",
+    "half_scale": "float(optimizer.dynamic_scale) / 2",
+    "double_scale": "float(optimizer.dynamic_scale) * 2",
+    "half_min_scale": "optimizer.min_scale / 2",
+    "data": "the batch",
+    "rules": "{layer.name: 'float32'}",
 }
+TEMPLATE_KEYS = tuple(_GENERIC)
 
 
 class _Fill(dict):
     def __missing__(self, key):
-        return _GENERIC.get(key, f"<{key}>")
+        if key not in _GENERIC:  # a template names a key this table does not define
+            raise KeyError(f"Unknown template key {key!r}. Allowed: {', '.join(TEMPLATE_KEYS)}")
+        return _GENERIC[key]
 
 
 def symptom(name: str) -> Symptom:
@@ -187,13 +204,16 @@ class Diagnosis:
 def diagnose(name: str, facts: Mapping[str, Any] | None = None, detail: str = "", **context) -> Diagnosis:
     """Walks the tree from symptom `name`, answering questions from `facts`.
 
-    A fact that is missing (or None) is answered "unknown", with how to find it out, and the
-    actions of both branches are kept. `context` fills the action templates (`layers`,
-    `half_scale`, `double_scale`, `half_min_scale`).
+    The walk stops at the first fact that is missing (or None): that question is answered
+    "unknown", and the one action is to find it out (never the actions of both branches).
+    `context` fills the action templates (`layers`, `half_scale`, `double_scale`,
+    `half_min_scale`, `data`); a value not given is said as an expression to evaluate.
     """
     facts = facts or {}
     fill = _Fill({k: v for k, v in context.items() if v not in (None, "", [])})
     if isinstance(fill.get("layers"), (list, tuple)):
+        # apply_recipe's rules match a regex against a layer's name or path, in full.
+        fill.setdefault("rules", "{" + ", ".join(f"{re.escape(p)!r}: 'float32'" for p in fill["layers"]) + "}")
         fill["layers"] = ", ".join(repr(p) for p in fill["layers"])
     steps: list[tuple[str, str]] = []
     actions: list[str] = []
@@ -205,9 +225,9 @@ def diagnose(name: str, facts: Mapping[str, Any] | None = None, detail: str = ""
             return
         value = facts.get(node.fact)
         if value is None:
-            steps.append((node.question, f"unknown (find out: {node.how})"))
-            walk(node.yes)
-            walk(node.no)
+            steps.append((node.question, "unknown"))
+            actions.append(f"Answer first: {node.question} Find out: {node.how}. "
+                           f"`keras-amp troubleshoot {name}` shows what each answer leads to.")
         else:
             steps.append((node.question, "yes" if value else "no"))
             walk(node.yes if value else node.no)

@@ -19,9 +19,10 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from keras_amp.custom_gradient import custom_gradient
+from keras_amp.dtypes import LOW_PRECISION
 from keras_amp.layers import arguments
-from keras_amp.layers.float32 import float32_value
-from keras_amp.op_rules.table import LOW_PRECISION
+from keras_amp.numerics.islands import float32_value
 
 # Keras version the `call` override below was written against.
 KERAS_VERSION = "3.15.1"
@@ -42,7 +43,7 @@ def float32_logits(x, kernel):
     """
     low = kernel.dtype
 
-    @tf.custom_gradient
+    @custom_gradient
     def matmul(x, kernel):
         shape = tf.shape(x)
         units = tf.shape(kernel)[-1]

@@ -18,7 +18,7 @@ from keras import ops
 
 from keras_amp import model_graph, validation
 from keras_amp.layers import arguments
-from keras_amp.layers.float32 import float32_variables
+from keras_amp.numerics.islands import float32_variables
 
 # Shared why-comment for the four classes below: inputs are cast to float32 (integer ones
 # too: stock computes their mean in integer arithmetic), `gamma`/`beta`/`scale` are read as

@@ -26,7 +26,7 @@ from keras import ops
 
 from keras_amp import model_graph, validation
 from keras_amp.layers import arguments
-from keras_amp.layers.float32 import cast_weight, float32_value
+from keras_amp.numerics.islands import cast_weight, float32_value
 
 # Keras version the `call` override below was copied from.
 KERAS_VERSION = "3.15.1"

@@ -1,8 +1,8 @@
 """Float32 attention scores in MultiHeadAttention and in `ops.dot_product_attention`.
 
-`float32_attention` replaces `MultiHeadAttention._compute_attention` (scores, scale, mask and
+`mha_attention_rule` replaces `MultiHeadAttention._compute_attention` (scores, scale, mask and
 softmax in float32, fused into one XLA computation; the value einsum stays in the compute dtype).
-`float32_dot_product_attention` replaces the TensorFlow kernel of `ops.dot_product_attention`.
+`dot_product_attention_rule` replaces the TensorFlow kernel of `ops.dot_product_attention`.
 Attention written as ops (an einsum, a matmul, `q @ k` and a softmax) is found by dataflow at the
 softmax instead (`keras_amp.op_rules.dataflow`).
 """
@@ -14,7 +14,7 @@ from typing import Callable
 import keras
 import tensorflow as tf
 
-from keras_amp.layers import attention as amp_attention
+from keras_amp.numerics import attention as amp_attention
 from keras_amp.op_rules.float32_ops import is_16bit
 from keras_amp import _compat
 
@@ -23,7 +23,7 @@ _MHA = keras.layers.MultiHeadAttention
 _APPLY_MASKS = _compat.original("keras.src.backend.tensorflow.nn._apply_masks")
 
 
-def float32_attention(original: Callable) -> Callable:
+def mha_attention_rule(original: Callable) -> Callable:
     def _compute_attention(
         self,
         query,
@@ -56,7 +56,7 @@ def float32_attention(original: Callable) -> Callable:
     return _compute_attention
 
 
-def float32_dot_product_attention(original: Callable) -> Callable:
+def dot_product_attention_rule(original: Callable) -> Callable:
     """`ops.dot_product_attention`'s TensorFlow kernel with its QK^T in float32.
 
     Keras 3.15's `_dot_product_attention_xla(query, key, value, bias, mask, is_causal, scale)`

@@ -8,7 +8,7 @@ element-wise and shape ops (`SCORES_PATH`) and stops at the first matmul on each
 of two activations (no weight operand: QK^T, not a Dense layer) with a 16-bit result is an
 attention-score term; DeBERTa's disentangled attention has three, and each is found. When one
 is found, the chain from the matmuls to the softmax is rebuilt in float32: each score matmul as
-a 16-bit product with float32 accumulation and result (`layers.attention.float32_scores`), each
+a 16-bit product with float32 accumulation and result (`numerics.attention.float32_scores`), each
 op on the path as the same op on float32 operands, and the softmax runs on that. The original
 16-bit ops stay in the graph without a consumer; TensorFlow's function runtime and XLA prune
 them, so they never run.
@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from keras_amp.layers import attention as amp_attention
+from keras_amp.numerics import attention as amp_attention
 from keras_amp.op_rules.table import LOW_PRECISION
 
 MATMULS = ("Einsum", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "MatMul")

@@ -106,7 +106,7 @@ def _up_keeping_logits(output: Any, op_type: str) -> Any:
     return up
 
 
-def float32_loss(op_type: str) -> Callable:
+def float32_loss_rule(op_type: str) -> Callable:
     def factory(original: Callable) -> Callable:
         def loss(target, output, *args, **kwargs):
             if not (is_16bit(output) or is_16bit(target)):

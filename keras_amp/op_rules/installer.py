@@ -9,8 +9,9 @@ where a rule changes the output dtype, so symbolic and eager dtypes agree.
 Each replacement is written against Keras 3.15.1: it is installed only when keras_amp._compat
 finds the version tested and every object the rule replaces or relies on unchanged (its pinned
 source digest); otherwise that rule is skipped with an `AmpWarning` naming what changed, since a
-rule written for other code could be wrong there. A config listener, registered once when this
-module is imported, installs the rules under a 16-bit compute dtype and removes them otherwise.
+rule written for other code could be wrong there. `keras_amp.enable()` / `disable()` call `sync`
+in a plain call (nothing is registered at import): the rules are installed under a 16-bit compute
+dtype and removed otherwise.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from absl import logging
 from keras_amp import _compat
 from keras_amp import policy as amp_policy
 from keras_amp import validation
-from keras_amp.op_rules.attention import float32_attention, float32_dot_product_attention
+from keras_amp.op_rules.attention import dot_product_attention_rule, mha_attention_rule
 from keras_amp.op_rules.float32_ops import (
     float32_batch_normalization,
     float32_input_dtype,
-    float32_loss,
+    float32_loss_rule,
     float32_loss_spec,
     float32_probabilities,
     float32_root,
@@ -63,7 +64,7 @@ _FACTORIES: dict[str, Callable | None] = {
     f"{TF_NN}.softmax": float32_probabilities,
     f"{TF_NN}.log_softmax": float32_probabilities,
     "keras.src.backend.tensorflow.math.logsumexp": float32_input_dtype,
-    MHA_COMPUTE: float32_attention,
+    MHA_COMPUTE: mha_attention_rule,
     MHA_CALL: None,
     f"{TF_NN}.batch_normalization": lambda f: lean_batch_normalization(float32_batch_normalization(f)),
     f"{TF_NN}.moments": lean_moments,
@@ -71,15 +72,15 @@ _FACTORIES: dict[str, Callable | None] = {
     f"{_OPS_NN}._normalize": float32_input_dtype,
     "keras.src.backend.tensorflow.numpy.std": float32_input_dtype,
     f"{TF_NN}.gelu": lean_gelu,
-    f"{TF_NN}.categorical_crossentropy": float32_loss("Softmax"),
+    f"{TF_NN}.categorical_crossentropy": float32_loss_rule("Softmax"),
     f"{_OPS_NN}.CategoricalCrossentropy.compute_output_spec": float32_loss_spec,
-    f"{TF_NN}.sparse_categorical_crossentropy": lambda f: lean_sparse_categorical_crossentropy(float32_loss("Softmax")(f)),
+    f"{TF_NN}.sparse_categorical_crossentropy": lambda f: lean_sparse_categorical_crossentropy(float32_loss_rule("Softmax")(f)),
     f"{_OPS_NN}.SparseCategoricalCrossentropy.compute_output_spec": float32_loss_spec,
-    f"{TF_NN}.binary_crossentropy": float32_loss("Sigmoid"),
+    f"{TF_NN}.binary_crossentropy": float32_loss_rule("Sigmoid"),
     f"{_OPS_NN}.BinaryCrossentropy.compute_output_spec": float32_loss_spec,
     RSQRT: float32_root,
     SQRT: float32_root,
-    DPA: float32_dot_product_attention,
+    DPA: dot_product_attention_rule,
     f"{TF_NN}._apply_masks": None,
     MATMUL: matmul16,
     LAYER_CALL: None,
@@ -137,7 +138,7 @@ def why_not_installed(rule: Rule) -> str | None:
 def install(compute_dtype: str) -> None:
     """Installs the rules for a 16-bit `compute_dtype` ("float16" or "bfloat16"); idempotent.
 
-    Called by `keras_amp.enable()` through a config listener; tests call it directly. A rule
+    Called by `keras_amp.enable()` (through `sync`); tests call it directly. A rule
     whose Keras source changed is skipped with an `AmpWarning`.
     """
     global _installed
@@ -194,13 +195,10 @@ def replaced() -> tuple[str, ...]:
     return tuple(_active)
 
 
-def _sync(config: amp_policy.AmpConfig | None) -> None:
-    """Config listener: rules installed under a 16-bit compute dtype, removed otherwise."""
+def sync(config: amp_policy.AmpConfig | None) -> None:
+    """Puts the rules in line with `config`: installed under a 16-bit compute dtype, removed
+    otherwise (None: keras_amp disabled)."""
     if config is not None and config.compute_dtype in LOW_PRECISION:
         install(config.compute_dtype)
     else:
         uninstall()
-
-
-amp_policy.add_config_listener(_sync)
-_sync(amp_policy.config())

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import keras
 import tensorflow as tf
 
+from keras_amp.custom_gradient import custom_gradient
 
 _16BIT = (tf.float16, tf.bfloat16)
 
@@ -110,7 +111,7 @@ def _float32_moments(x: tf.Tensor, x16: tf.Tensor, axes: list[int], keepdims: bo
 
     scope = backward_scope()
 
-    @tf.custom_gradient
+    @custom_gradient
     def moments(x):
         mean, variance = tf.nn.moments(x, axes, keepdims=True)
 
@@ -161,7 +162,7 @@ def _float32_batch_normalization(x, x16, mean, variance, offset, scale, epsilon)
     has_offset, has_scale = offset is not None, scale is not None
     scope = backward_scope()
 
-    @tf.custom_gradient
+    @custom_gradient
     def batch_normalization(x, mean, variance, *params):
         offset = params[0] if has_offset else None
         scale = params[-1] if has_scale else None
@@ -228,7 +229,7 @@ def _float32_layer_normalization(x, x16, gamma, beta, axes, epsilon):
     has_gamma, has_beta = gamma is not None, beta is not None
     scope = backward_scope()
 
-    @tf.custom_gradient
+    @custom_gradient
     def layer_normalization(x, *params):
         gamma = params[0] if has_gamma else None
         beta = params[-1] if has_beta else None
@@ -297,7 +298,7 @@ def _float32_sparse_cross_entropy(labels: tf.Tensor, logits: tf.Tensor, logits16
         flat = tf.reshape(features, [-1, classes])
         return tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(features=flat, labels=tf.reshape(labels, [-1]))
 
-    @tf.custom_gradient
+    @custom_gradient
     def cross_entropy(logits):
         loss, _ = _kernel(logits)
 
@@ -313,7 +314,7 @@ def _float32_sparse_cross_entropy(labels: tf.Tensor, logits: tf.Tensor, logits16
 
 
 def lean_sparse_categorical_crossentropy(original: Callable) -> Callable:
-    """Wraps the float32 loss rule (`float32_ops.float32_loss`) for integer targets and logits."""
+    """Wraps the float32 loss rule (`float32_ops.float32_loss_rule`) for integer targets and logits."""
 
     def sparse_categorical_crossentropy(target, output, from_logits=False, axis=-1):
         logits16 = source16(output) if from_logits else None
@@ -363,7 +364,7 @@ def lean_gelu(original: Callable) -> Callable:
         out_dtype = x.dtype
         scope = backward_scope()
 
-        @tf.custom_gradient
+        @custom_gradient
         def f(x):
             y = tf.cast(original(tf.cast(x, tf.float32), approximate=approximate), out_dtype)
 

@@ -14,16 +14,22 @@ float32 layer called inside one (an RNN's cell), and both operands are dense flo
 it computes `cast(matmul(cast(a, 16-bit), cast(b, 16-bit)), float32)`: float32 accumulation in
 the kernel, one rounding of the result to 16 bits, the same numbers as `keras_amp.layers.LSTM`'s
 matmuls. A weight read in an RNN's time loop is cast once, before the loop
-(`layers.float32.cast_weight`). Every other matmul calls the original. The check runs while
+(`numerics.islands.cast_weight`). Every other matmul calls the original. The check runs while
 tracing, not at every step.
 
 Without the rules (keras_amp disabled, or the model loaded in a process that never enabled it)
-such a layer is a plain float32 layer: slower, never less precise. The policy serialises with
-the layer (`keras_amp>Matmul16DTypePolicy`) and loads where the layer's `from_config` passes its
-config to the constructor as it is (LSTM, GRU, SimpleRNN, RNN, Bidirectional, ConvLSTM). Keras
-3.15's `Operation.from_config`, which most layers and every RNN cell use, turns a non-quantized
-policy into its name, which Keras cannot parse back: so the "rnn" recipe gives the policy to RNN
-layers and leaves their cells float32, and the rule also applies inside such a layer.
+such a layer is a plain float32 layer: slower, never less precise. The policy is saved so that
+stock Keras reads it as "float32" and keras_amp restores its own: `{"class_name": "DTypePolicy",
+"config": {"name": "float32"}, "registered_name": "keras_amp>matmul16_from_<source_name>"}`.
+Keras resolves a dtype policy's `class_name` among its own policies unless the registered name
+is a registered object, so a process that never imported keras_amp builds a float32
+`DTypePolicy` from it, and one that did finds the per-source class registered under that name.
+It loads where the layer's `from_config` passes its config to the constructor as it is (LSTM,
+GRU, SimpleRNN, RNN, Bidirectional, ConvLSTM). Keras 3.15's `Operation.from_config`, which most
+layers and every RNN cell use, turns a non-quantized policy into its name, which Keras cannot
+parse back: so the "rnn" recipe gives the policy to RNN layers and leaves their cells float32,
+and the rule also applies inside such a layer. Files saved before this format
+(`keras_amp>Matmul16DTypePolicy`, config `{"source_name": ...}`) still load with keras_amp.
 
 Not reached: matmuls written as `einsum` (EinsumDense), convolutions (ConvLSTM cells), fused
 kernels (cuDNN: a float32 RNN layer on a GPU runs its cuDNN kernel in float32).
@@ -37,7 +43,7 @@ import keras
 import tensorflow as tf
 
 from keras_amp import validation
-from keras_amp.layers.float32 import calling_layers, cast_weight
+from keras_amp.numerics.islands import calling_layers, cast_weight
 
 SOURCE_POLICIES = ("mixed_bfloat16", "mixed_float16")
 PREFIX = "matmul16_from_"
@@ -64,6 +70,12 @@ class Matmul16DTypePolicy(keras.DTypePolicy):
         >>> lstm.cell.dtype_policy = "float32"   # float32 gates; matmuls bfloat16 under the LSTM
     """
 
+    def __new__(cls, source_name: str = "mixed_bfloat16"):
+        # Every instance is of the per-source class that saves as float32 (see `_saved_as_float32`).
+        if cls is Matmul16DTypePolicy and isinstance(source_name, str) and source_name in _SAVED:
+            cls = _SAVED[source_name]
+        return super().__new__(cls)
+
     def __init__(self, source_name: str = "mixed_bfloat16"):
         validation.check_choice("source_name", source_name, SOURCE_POLICIES)
         super().__init__("float32")
@@ -82,6 +94,37 @@ class Matmul16DTypePolicy(keras.DTypePolicy):
 
     def get_config(self) -> dict[str, Any]:
         return {"source_name": self._source_name}
+
+    def __repr__(self) -> str:
+        return f'<Matmul16DTypePolicy "{self._name}">'
+
+
+def _saved_as_float32(source_name: str) -> type:
+    """The class of `Matmul16DTypePolicy(source_name)` instances: saved as a float32 `DTypePolicy`.
+
+    Keras writes `class_name` from the class's `__name__` and `registered_name` from the
+    registry, and reads a dtype policy by `class_name` among its own unless `registered_name` is
+    registered: so this class is named "DTypePolicy", its config is stock `DTypePolicy`'s
+    (`{"name": "float32"}`), and the source policy is in its registered name
+    ("keras_amp>matmul16_from_<source_name>"). Without keras_amp the layer loads as float32.
+    """
+
+    def get_config(self) -> dict[str, Any]:
+        return {"name": "float32"}  # what stock `DTypePolicy(**config)` reads
+
+    def from_config(cls, config: dict[str, Any]) -> Matmul16DTypePolicy:
+        return Matmul16DTypePolicy(cls.saved_source_name)
+
+    qualname = "_Matmul16From" + "".join(part.capitalize() for part in source_name.split("_"))
+    cls = type("DTypePolicy", (Matmul16DTypePolicy,), {
+        "__module__": __name__, "__qualname__": qualname, "__doc__": Matmul16DTypePolicy.__doc__,
+        "saved_source_name": source_name, "get_config": get_config,
+        "from_config": classmethod(from_config)})
+    globals()[qualname] = cls  # where pickle looks it up
+    return keras.saving.register_keras_serializable(package="keras_amp", name=PREFIX + source_name)(cls)
+
+
+_SAVED = {source: _saved_as_float32(source) for source in SOURCE_POLICIES}
 
 
 def policy_from_name(name: str) -> keras.DTypePolicy:

@@ -19,20 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 
-LOW_PRECISION = ("float16", "bfloat16")
-BOTH = LOW_PRECISION
-FLOAT16 = ("float16",)
-# Hazard kind -> the 16-bit dtypes in which an op of that kind is a hazard (the dynamic audit flags
-# it there). Exp-type results and sums overflow float16's range, which bfloat16 shares with float32;
-# attention scores, softmax, normalisation statistics and losses lose precision in both.
-HAZARD_DTYPES = {
-    "attention": BOTH,
-    "softmax": BOTH,
-    "normalization": BOTH,
-    "loss": BOTH,
-    "exp": FLOAT16,
-    "reduction": FLOAT16,
-}
+# The dtype vocabulary (`keras_amp.dtypes`), re-exported as `op_rules.LOW_PRECISION` etc.
+from keras_amp.dtypes import BOTH, FLOAT16, HAZARD_DTYPES, LOW_PRECISION  # noqa: F401
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,11 +2,14 @@
 
 The update rule is `scale_rule.adjust`; host-side logging of scale changes is `scale_log.py`.
 
-Private Keras methods overridden here (no public hook exists), written against Keras 3.15.1 and
-guarded by tests/test_keras_guards.py: `build`, `apply`, `_tf_apply`, `_common_apply`,
-`stateless_apply`, `load_own_variables`. Private members read: `_overwrite_variable_with_gradient`,
-`_iterations`, `_variables`, `_trainable_variables`, `keras.src.utils.tracking`, and TensorFlow's
-`control_flow_util.GraphOrParentsInXlaContext`.
+Private Keras methods overridden here (no public hook exists), written against Keras 3.15.1:
+`build`, `apply`, `_tf_apply`, `_common_apply`, `stateless_apply`, `load_own_variables`. Private
+members read: `_overwrite_variable_with_gradient`, `_iterations`, `_variables`,
+`_trainable_variables`, Keras's `no_automatic_dependency_tracking` and TensorFlow's
+`GraphOrParentsInXlaContext`. Each is a pin of `keras_amp._compat` (feature `LSO`): on a Keras
+where one moved or changed, constructing this class raises `_compat.FeatureOff` naming it (the
+overrides would otherwise stop being called in silence), and `keras_amp.wrap()` warns and returns
+stock Keras's `LossScaleOptimizer` instead.
 """
 
 from __future__ import annotations
@@ -15,12 +18,16 @@ import keras
 import tensorflow as tf
 from absl import logging
 from keras import ops
-from keras.src.utils import tracking
-from tensorflow.python.ops import control_flow_util
 
-from keras_amp import validation
-from keras_amp.optimizers import arguments, scale_rule, tiers
+from keras_amp import _compat, validation
+from keras_amp.optimizers import scale_rule, settings as lso_settings, tiers
 from keras_amp.optimizers.scale_log import ScaleLog
+
+# Where a pin is missing the feature is off (`__init__` refuses), but the class must still import.
+_no_tracking = _compat.original("keras.src.utils.tracking.no_automatic_dependency_tracking") or (lambda f: f)
+_in_xla_context = _compat.original("tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext")
+_supports_no_merge_call = _compat.original(
+    "tensorflow.python.distribute.merge_call_interim.strategy_supports_no_merge_call")
 
 # Stock Keras 3.15.1 optimizer layout: iteration, learning_rate, step_counter, dynamic_scale.
 _STOCK_OWN_VARIABLES = 4
@@ -105,6 +112,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def __init__(self, inner_optimizer, initial_scale=None, dynamic_growth_steps=None, name=None,
                  *, tier=None, min_scale=None, max_scale=None, growth_factor=2.0,
                  backoff_factor=0.5, hysteresis=1, dynamic=True, on_min_scale="warn", **kwargs):
+        _compat.require(_compat.LSO)
         if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
             raise ValueError(
                 "`inner_optimizer` must not itself be a LossScaleOptimizer (the loss would be "
@@ -112,7 +120,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 "keras.optimizers.Optimizer")
         validation.check_type("inner_optimizer", inner_optimizer, keras.optimizers.Optimizer,
                               "a keras.optimizers.Optimizer")
-        settings, explicit = arguments.check_arguments(
+        lso_settings.check_known_kwargs(kwargs)  # ValueError, as the stock constructor raises
+        settings, explicit = lso_settings.check_arguments(
             initial_scale=initial_scale, dynamic_growth_steps=dynamic_growth_steps, name=name, tier=tier,
             min_scale=min_scale, max_scale=max_scale, growth_factor=growth_factor,
             backoff_factor=backoff_factor, hysteresis=hysteresis, dynamic=dynamic,
@@ -134,8 +143,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     # ----------------------------------------------------------------- configuration
     def _resolve(self, values):
-        resolved = arguments.resolve(self._explicit, values)
-        arguments.check_bounds(self.dynamic, resolved, values.name)
+        resolved = lso_settings.resolve(self._explicit, values)
+        lso_settings.check_bounds(self.dynamic, resolved, values.name)
         for key, value in resolved.items():
             setattr(self, key, value)
         self.resolved_tier = values.name
@@ -170,7 +179,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         }
 
     # ----------------------------------------------------------------- state
-    @tracking.no_automatic_dependency_tracking
+    @_no_tracking
     def build(self, var_list):
         if self.tier == tiers.AUTO and self.resolved_tier is None:
             self._resolve(tiers.tier_values(tiers.AUTO, var_list))
@@ -282,7 +291,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if tf.distribute.in_cross_replica_context():
             raise ValueError("apply() must be called in a replica context.")
         finite = self._all_replicas_finite(grads)
-        if tf.__internal__.distribute.strategy_supports_no_merge_call():
+        if _supports_no_merge_call():
             self._common_apply(grads, trainable_variables, finite=finite)
             return
 
@@ -341,7 +350,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             return  # `apply` runs `host_check()` after the step.
         if kind and not self.dynamic:
             return  # a finite step at a static scale changes nothing worth a line
-        if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+        if _in_xla_context(tf.compat.v1.get_default_graph()):
             return  # XLA cannot call the host; LossScaleMonitor / host_check() log instead.
         if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
             return  # once per replica would repeat lines; the host check logs instead.

@@ -7,8 +7,8 @@ import warnings
 
 import keras
 
-from keras_amp import validation
-from keras_amp.optimizers import arguments
+from keras_amp import _compat, validation
+from keras_amp.optimizers import settings as lso_settings
 from keras_amp.optimizers.loss_scale_optimizer import LossScaleOptimizer
 from keras_amp.policy import AmpWarning
 
@@ -28,7 +28,9 @@ def wrap(optimizer, tier: str | None = "auto", *, force: bool = False,
     Idempotent: a keras_amp `LossScaleOptimizer` is returned as it is. A stock Keras
     `LossScaleOptimizer` is converted (its inner optimizer is rewrapped, non-default
     `initial_scale` / `dynamic_growth_steps` carried over) if it is not built yet; a built one
-    is refused, since its state would be lost. Under a policy that does not compute in float16
+    is refused, since its state would be lost. On a Keras whose private surface keras_amp's
+    optimizer does not match (`keras_amp._compat`, feature `LSO`), it warns once and wraps in
+    stock Keras's `LossScaleOptimizer` instead. Under a policy that does not compute in float16
     (mixed_bfloat16, float32) the optimizer is returned unchanged: loss scaling only guards
     float16's narrow exponent range. `force=True` wraps anyway and warns with `AmpWarning`.
     Every argument is validated under every policy.
@@ -51,7 +53,7 @@ def wrap(optimizer, tier: str | None = "auto", *, force: bool = False,
                           "a keras.optimizers.Optimizer, an optimizer name or a config dict")
     force = validation.check_bool("force", force)
     validation.check_no_extra_kwargs("wrap()", kwargs, _WRAP_KWARGS)
-    arguments.check_arguments(tier=tier, **kwargs)
+    lso_settings.check_arguments(tier=tier, **kwargs)
     if isinstance(optimizer, LossScaleOptimizer):
         explicit_tier = tier not in (None, "auto") and tier not in (optimizer.tier, optimizer.resolved_tier)
         if kwargs or explicit_tier:
@@ -87,4 +89,7 @@ def wrap(optimizer, tier: str | None = "auto", *, force: bool = False,
                 kwargs.setdefault(key, value)
         kwargs.setdefault("name", optimizer.name)
         optimizer = optimizer.inner_optimizer
+    if not _compat.warn_off(_compat.LSO):  # stock loss scaling, without the floor or the counters
+        stock = {k: kwargs[k] for k in ("initial_scale", "dynamic_growth_steps", "name") if k in kwargs}
+        return keras.optimizers.LossScaleOptimizer(optimizer, **stock)
     return LossScaleOptimizer(optimizer, tier=tier, **kwargs)

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from keras_amp.layers import MultiHeadAttention
-from keras_amp.layers import attention
+from keras_amp.numerics import attention
 from tests.helpers import MIXED, np64, softmax, u
 
 HEADS, KEY_DIM, DIM, T = 2, 4, 8, 5

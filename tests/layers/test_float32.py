@@ -116,7 +116,7 @@ def test_float32_value_reads_float32_inside_a_16_bit_autocast_scope(mixed_policy
     around a mixed layer called outside a model) `float32_value` still gives the float32 value."""
     from keras.src.backend import AutocastScope
 
-    from keras_amp.layers.float32 import float32_value
+    from keras_amp.numerics.islands import float32_value
 
     compute = keras.dtype_policies.get(mixed_policy).compute_dtype
     v = keras.Variable(np.float32(1 + 2.0**-20))  # not representable in float16/bfloat16

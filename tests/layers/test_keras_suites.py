@@ -1,12 +1,13 @@
 """Keras's own test files for each stock layer, run against the keras_amp subclass.
 
-Drop-in means drop-in: every `keras_amp.layers` class must pass the tests Keras ships
-for the class it subclasses (Keras 3.15.1, `keras/src/layers/**/*_test.py`).
+Drop-in means drop-in: every `keras_amp.layers` class, and `keras_amp.LossScaleOptimizer`,
+must pass the tests Keras ships for the class it subclasses (Keras 3.15.1,
+`keras/src/layers/**/*_test.py`, `keras/src/optimizers/loss_scale_optimizer_test.py`).
 
 Mechanism: each Keras test file is executed as a fresh module (its own globals, so the
 real `keras.src...._test` modules are untouched), then the names its tests look up at
 call time (`layers`, or the `softmax` module) are replaced by copies in which the stock
-class is ours. Its `testing.TestCase` classes are exposed here under `Keras<Class>_...`
+class is ours; a class imported by name (`LossScaleOptimizer`) is replaced itself. Its `testing.TestCase` classes are exposed here under `Keras<Class>_...`
 names for pytest to collect. Where ours deliberately differs, the test is skipped with
 the reason written in DIVERGENCES (the table is also in BUILD_NOTES.md).
 """
@@ -21,8 +22,10 @@ import unittest
 import keras
 
 from keras_amp import layers as amp_layers
+from keras_amp.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
-KERAS_LAYERS_DIR = os.path.join(os.path.dirname(keras.__file__), "src", "layers")
+KERAS_SRC_DIR = os.path.join(os.path.dirname(keras.__file__), "src")
+KERAS_LAYERS_DIR = os.path.join(KERAS_SRC_DIR, "layers")
 
 # Keras test file (relative to keras/src/layers) -> {global name in that file: {stock name: ours}}.
 SUITES = {
@@ -36,6 +39,8 @@ SUITES = {
     "rnn/gru_test.py": {"layers": {"GRU": amp_layers.GRU, "GRUCell": amp_layers.GRUCell}},
     "core/dense_test.py": {"layers": {"Dense": amp_layers.OutputHead}},
     "core/wrapper_test.py": {"layers": {"Wrapper": amp_layers.Float32}},
+    # Relative to keras/src/layers, like the rest; the test file imports the class by name.
+    "../optimizers/loss_scale_optimizer_test.py": {"LossScaleOptimizer": LossScaleOptimizer},
 }
 
 _QUANTIZE = (
@@ -68,6 +73,16 @@ DIVERGENCES = {
     "core/dense_test.py::DenseTest.test_dense_basics": _FLOAT32_ONLY,
     "core/dense_test.py::DenseTest.test_dense_sparse": _FLOAT32_ONLY,
     "core/dense_test.py::DenseTest.test_lora_rank_argument": _FLOAT32_ONLY,
+    "../optimizers/loss_scale_optimizer_test.py::LossScaleOptimizerTest.test_init_dynamic_arg": (
+        "keras_amp.LossScaleOptimizer(dynamic=False) is static loss scaling (a fixed scale, non-finite "
+        "steps still skipped); stock Keras 3 removed it and raises ValueError"
+    ),
+    "../optimizers/loss_scale_optimizer_test.py::LossScaleOptimizerTest.test_serialization": (
+        "the test counts the config's keys (4); keras_amp's get_config returns all 12 constructor "
+        "arguments (tier, min_scale, max_scale, growth_factor, backoff_factor, hysteresis, dynamic, "
+        "on_min_scale besides stock's 4), and the values it checks are tested in "
+        "tests/test_loss_scale_optimizer.py"
+    ),
     "core/wrapper_test.py::WrapperTest.test_wrapper_invalid_layer": (
         "house rule: a wrong type raises TypeError (stock Wrapper raises ValueError for a non-layer)"
     ),
@@ -91,14 +106,25 @@ def _load(relative_path, patches):
     # Registered under a `keras.` name (in sys.modules only) so that Keras's deserializer,
     # which imports the module of an unregistered class only for keras packages, finds the
     # helper classes a test file defines (wrapper_test's ExampleWrapper).
-    name = "keras.src.layers.keras_amp_suite_" + relative_path.replace("/", "_").removesuffix(".py")
+    stem = relative_path.replace("../", "").replace("/", "_").removesuffix(".py")
+    name = "keras.src.layers.keras_amp_suite_" + stem
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     for global_name, replacements in patches.items():
-        setattr(module, global_name, _patched(getattr(module, global_name), replacements))
+        if isinstance(replacements, dict):
+            replacements = _patched(getattr(module, global_name), replacements)
+        setattr(module, global_name, replacements)
     return module
+
+
+def _ours(patches):
+    """The names of our classes in `patches`."""
+    found = []
+    for replacements in patches.values():
+        found += [t.__name__ for t in (replacements.values() if isinstance(replacements, dict) else [replacements])]
+    return "_".join(found)
 
 
 def _collect():
@@ -108,7 +134,7 @@ def _collect():
         for cls_name, cls in vars(module).items():
             if not (isinstance(cls, type) and issubclass(cls, unittest.TestCase)) or cls.__module__ != module.__name__:
                 continue
-            ours = "_".join(type_.__name__ for r in patches.values() for type_ in r.values())
+            ours = _ours(patches)
             # A subclass per file, so skips below never touch the Keras class itself.
             suite = type(f"Keras{cls_name}_{ours}", (cls,), {"__module__": __name__})
             for method in dir(suite):

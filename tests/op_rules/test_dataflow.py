@@ -93,9 +93,9 @@ def _live_matmuls(graph_fn, *args):
     seen, stack, found = set(), [t.op for t in graph.outputs], []
     while stack:
         op = stack.pop()
-        if op.name in seen:
+        if (id(op.graph), op.name) in seen:  # a called body's op names repeat the caller's
             continue
-        seen.add(op.name)
+        seen.add((id(op.graph), op.name))
         if op.type in dataflow.MATMULS:
             found.append((op.type, op.outputs[0].dtype.name))
         stack.extend(t.op for t in op.inputs)
@@ -178,7 +178,10 @@ def test_float16_mask_constant_stays_finite_stock_gives_nan():
 
     keras_amp.enable("mixed_float16")
     op_rules.uninstall()
-    assert np.isnan(tf.function(masked)(q, k, mask).numpy()).all()  # stock: every row NaN
+    stock = tf.function(masked)(q, k, mask).numpy()
+    # Stock: the kept positions are NaN in every row (oneDNN's softmax gives 0 at the -inf
+    # position where it is on, NaN there too where it is off).
+    assert np.isnan(stock[..., :2]).all(), stock
     op_rules.install("float16")
     p = tf.function(masked)(q, k, mask).numpy()
     np.testing.assert_allclose(p, np.broadcast_to([0.5, 0.5, 0.0], (1, 3, 3)), atol=0, rtol=0)

@@ -11,7 +11,7 @@ from absl import logging
 
 from keras_amp import validation
 from keras_amp.callbacks import summaries
-from keras_amp.diagnostics import gradient_stats
+from keras_amp.diagnostics import gradient_probe
 
 
 class GradientStatistics(keras.callbacks.Callback):
@@ -76,7 +76,7 @@ class GradientStatistics(keras.callbacks.Callback):
         self._writer = None
 
     def on_train_begin(self, logs=None):
-        self._probe = gradient_stats.GradientProbe(self.model, *self.probe, loss=self.loss)
+        self._probe = gradient_probe.GradientProbe(self.model, *self.probe, loss=self.loss)
         if self.log_dir:
             self._writer = summaries.Writer(self.log_dir)
 
@@ -86,10 +86,10 @@ class GradientStatistics(keras.callbacks.Callback):
             if self._steps % self.every_n_steps == 0:
                 self.fire()
 
-    def fire(self) -> gradient_stats.GradientReport:
+    def fire(self) -> gradient_probe.GradientReport:
         """Takes the statistics now (also usable outside `fit`); returns the report."""
         if self._probe is None:
-            self._probe = gradient_stats.GradientProbe(self.model, *self.probe, loss=self.loss)
+            self._probe = gradient_probe.GradientProbe(self.model, *self.probe, loss=self.loss)
         report = self._probe.run()
         record = {"step": self._steps, **report.as_dict()}
         self.records.append(record)
@@ -109,7 +109,7 @@ class GradientStatistics(keras.callbacks.Callback):
             self._write(report)
         return report
 
-    def _write(self, report: gradient_stats.GradientReport) -> None:
+    def _write(self, report: gradient_probe.GradientReport) -> None:
         for s in report.layers:
             values = {"zero_fraction": s.zero_fraction, "underflow_zero_fraction": s.underflow_zero_fraction,
                       "subnormal_fraction": s.subnormal_fraction,

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_amp import validation
-from keras_amp.diagnostics import step as diag_step
+from keras_amp.diagnostics import traced_step as diag_step
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 
 import keras_amp
-from keras_amp.callbacks.gradient_stats import GradientStatistics
-from keras_amp.diagnostics import gradient_stats
+from keras_amp.callbacks.gradient_statistics import GradientStatistics
+from keras_amp.diagnostics import gradient_probe
 
 
 def _data(n=32):
@@ -74,9 +74,9 @@ def test_classification_matches_a_float64_reference():
     values = np.array([0.0, 1e-8, 3e-6, 6.2e-5, 1.0, -3.5, 65504.0, 1e5, np.nan, -np.inf, 2.0**-20],
                       dtype="float64")
     reference = values * 4096.0  # the same gradients at a 4096x larger scale
-    counts = {k: np.asarray(v) for k, v in gradient_stats.stats_tensors(
+    counts = {k: np.asarray(v) for k, v in gradient_probe.stats_tensors(
         [tf.constant(values, tf.float32)], "float16", [tf.constant(reference, tf.float32)]).items()}
-    s = gradient_stats.from_counts("x", "float16", counts)
+    s = gradient_probe.from_counts("x", "float16", counts)
     # Reference in float64: round to float16 first (what the compute dtype holds).
     held = values.astype(np.float16).astype(np.float64)
     finite = np.isfinite(held)

@@ -20,6 +20,23 @@ LEGACY_KWARGS = ("weight_decay", "clipnorm", "global_clipnorm", "clipvalue", "us
 TIER_KEYS = ("initial_scale", "dynamic_growth_steps", "min_scale", "max_scale")
 
 
+def check_known_kwargs(kwargs: dict[str, Any]) -> None:
+    """ValueError naming the keyword arguments `LossScaleOptimizer` does not take.
+
+    ValueError, not TypeError, and the names in the order given: the stock constructor raises
+    "LossScaleOptimizer does not support arguments: `foo`, `bar`.", and a drop-in subclass keeps
+    its parent's exception types.
+    """
+    unknown = [k for k in kwargs if k not in LEGACY_KWARGS]
+    if unknown:
+        raise ValueError(
+            f"LossScaleOptimizer does not support arguments: `{'`, `'.join(unknown)}`. Received: "
+            f"{', '.join(f'{k}={kwargs[k]!r}' for k in unknown)}. Allowed: inner_optimizer, initial_scale, "
+            "dynamic_growth_steps, name, tier, min_scale, max_scale, growth_factor, backoff_factor, "
+            "hysteresis, dynamic, on_min_scale (and, at their defaults, the legacy "
+            f"{', '.join(LEGACY_KWARGS)})")
+
+
 def _check_steps(name: str, value: Any) -> int:
     # The counters compared with it are int64 variables (Keras's "int"): int64's range bounds it.
     return validation.check_int(name, value, min_value=1)

@@ -1,0 +1,10 @@
+"""Float32 numerics shared by the float32-island layers and the op rules.
+
+A floor below `keras_amp.layers` and `keras_amp.op_rules` (both import it; it imports neither).
+
+Modules:
+    attention: float32 attention scores (`float32_attention`, `float32_scores`) and their
+        XLA-compiled forms.
+    islands: variables read as float32, weight casts hoisted out of an RNN's time loop, the
+        calling-layer stack.
+"""
