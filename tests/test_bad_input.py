@@ -462,6 +462,7 @@ BAD = [
     ("MultiHeadAttention", "key_dim", 0, ValueError),
     ("MultiHeadAttention", "key_dim", "4", ValueError),  # stock's check, pinned by Keras's tests
     ("MultiHeadAttention", "dropout", 2.0, ValueError),
+    ("MultiHeadAttention", "xla_scores", "yes", TypeError),
     ("MultiHeadAttention", "dropout", "x", TypeError),
     ("MultiHeadAttention", "use_bias", "no", TypeError),
     ("MultiHeadAttention", "attention_axes", [1.5], TypeError),

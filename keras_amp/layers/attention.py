@@ -7,6 +7,7 @@ also call for stock `keras.layers.MultiHeadAttention` and its subclasses.
 import keras
 
 from keras_amp import model_graph, validation
+from keras_amp import policy as amp_policy
 from keras_amp.layers import arguments
 from keras_amp.numerics.attention import float32_attention
 
@@ -30,6 +31,11 @@ class MultiHeadAttention(model_graph.Float32Island, arguments.CheckedArguments, 
     and `attention_axes` are checked when the layer is created (stock checks them at
     build, or not at all).
 
+    `xla_scores` (bool or None, keyword-only): the float32 scores as XLA computations (see
+    `keras_amp.enable`). None (default) takes `keras_amp.config().xla_scores` when the layer is
+    created (True when keras_amp is not enabled); read once there, never at trace time. Not
+    part of the config: a loaded layer takes it from the config in force where it is loaded.
+
     Example:
 
     >>> keras.config.set_dtype_policy("mixed_float16")
@@ -46,7 +52,11 @@ class MultiHeadAttention(model_graph.Float32Island, arguments.CheckedArguments, 
         "attention_axes": arguments.check_optional_axis,
     }
 
-    def __init__(self, num_heads, key_dim, *args, flash_attention=None, **kwargs):
+    def __init__(self, num_heads, key_dim, *args, flash_attention=None, xla_scores=None, **kwargs):
+        if xla_scores is None:
+            config = amp_policy.config()
+            xla_scores = config is None or config.xla_scores
+        xla_scores = validation.check_bool("xla_scores", xla_scores)
         if flash_attention:
             raise ValueError(
                 "keras_amp.layers.MultiHeadAttention computes attention scores "
@@ -54,6 +64,7 @@ class MultiHeadAttention(model_graph.Float32Island, arguments.CheckedArguments, 
                 f"Received: flash_attention={flash_attention!r}. Allowed: None, False"
             )
         super().__init__(num_heads, key_dim, *args, flash_attention=False, **kwargs)
+        self._xla_scores = xla_scores
 
     def get_config(self):
         config = super().get_config()
@@ -90,6 +101,7 @@ class MultiHeadAttention(model_graph.Float32Island, arguments.CheckedArguments, 
             training=training,
             return_attention_scores=return_attention_scores,
             use_causal_mask=use_causal_mask,
+            compiled=self._xla_scores,
         )
 
     def compute_output_spec(self, query, value, key=None, *args, **kwargs):

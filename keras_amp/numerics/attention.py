@@ -19,7 +19,6 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from keras_amp import policy as amp_policy
 from keras_amp.custom_gradient import custom_gradient
 
 # Keras version the private reads below were written against.
@@ -87,12 +86,12 @@ def _scores_float32_out(equation, key, query, scale):
     return tf.einsum(equation, tf.cast(key, tf.float32), tf.cast(query, tf.float32)) * scale
 
 
-def float32_scores(equation, key, query, scale):
+def float32_scores(equation, key, query, scale, *, compiled: bool):
     """`einsum(equation, key, query * scale)` with a float32 result, exact for 16-bit inputs.
 
     The forward matmul multiplies the 16-bit operands with float32 accumulation and a float32
-    result (`_scores_float32_out`, XLA-compiled; a float32 matmul of float32 copies under
-    `keras_amp.enable(xla_scores=False)`): the products of two 16-bit numbers are exact
+    result (`_scores_float32_out`, XLA-compiled; with `compiled=False`, what
+    `keras_amp.enable(xla_scores=False)` passes, a float32 matmul of float32 copies): the products of two 16-bit numbers are exact
     in float32, and the float32 output neither overflows (float16) nor rounds each logit to 8
     bits (bfloat16). The scale multiplies the float32 sum. The two gradient matmuls run in the
     inputs' (compute) dtype, as in the stock layer: the gradients of `key` and `query` are
@@ -104,8 +103,6 @@ def float32_scores(equation, key, query, scale):
     if low == tf.float32 or equations is None:
         return ops.einsum(equation, ops.cast(key, "float32"), ops.multiply(ops.cast(query, "float32"), scale))
     d_key_eq, d_query_eq = equations
-    config = amp_policy.config()
-    compiled = config is None or config.xla_scores
 
     @custom_gradient
     def scores(key, query):
@@ -236,8 +233,13 @@ def float32_attention(
     return_attention_scores=False,
     use_causal_mask=False,
     scores_dtype=None,
+    *,
+    compiled: bool,
 ):
     """`MultiHeadAttention._compute_attention` with float32 scores; returns (output, scores).
+
+    `compiled`: the scores as XLA computations (`keras_amp.enable(xla_scores=...)`, passed by
+    the op rule and the layer; nothing here reads the global config).
 
     `layer` is a built `keras.layers.MultiHeadAttention` (stock, ours or a subclass);
     `query`/`key`/`value` are its projected `(B, T, N, H)` tensors. QK^T, the scale, the
@@ -273,15 +275,15 @@ def float32_attention(
         # Stock's contract (the op rule): probabilities leave in the compute dtype, and the
         # dropout, if any, runs there. Only the 16-bit probabilities are kept for the backward
         # pass, as stock keeps them: no float32 copy of a (B, N, T, S) tensor.
-        config = amp_policy.config()
         probs = None
-        if config is None or config.xla_scores:
+        if compiled:
             probs = compute_dtype_probabilities(equation, key, query, scale, attention_mask, num_axes)
         if probs is None:  # no XLA, or an equation without closed-form gradients: unfused
-            probs = ops.cast(_masked_softmax(float32_scores(equation, key, query, scale), attention_mask, num_axes), low)
+            probs = ops.cast(_masked_softmax(float32_scores(equation, key, query, scale, compiled=compiled),
+                                             attention_mask, num_axes), low)
         dropped = probs if dropout is None else dropout(probs, training=training)
         return ops.einsum(read_private(layer, "_combine_equation"), dropped, value), probs
-    scores = float32_scores(equation, key, query, scale)
+    scores = float32_scores(equation, key, query, scale, compiled=compiled)
     probs = _masked_softmax(scores, attention_mask, num_axes)
     dropped = probs
     if dropout is not None:

@@ -23,7 +23,7 @@ _MHA = keras.layers.MultiHeadAttention
 _APPLY_MASKS = _compat.original("keras.src.backend.tensorflow.nn._apply_masks")
 
 
-def mha_attention_rule(original: Callable) -> Callable:
+def mha_attention_rule(original: Callable, *, xla_scores: bool) -> Callable:
     def _compute_attention(
         self,
         query,
@@ -51,12 +51,13 @@ def mha_attention_rule(original: Callable) -> Callable:
             return_attention_scores=return_attention_scores,
             use_causal_mask=use_causal_mask,
             scores_dtype=self.compute_dtype,
+            compiled=xla_scores,
         )
 
     return _compute_attention
 
 
-def dot_product_attention_rule(original: Callable) -> Callable:
+def dot_product_attention_rule(original: Callable, *, xla_scores: bool) -> Callable:
     """`ops.dot_product_attention`'s TensorFlow kernel with its QK^T in float32.
 
     Keras 3.15's `_dot_product_attention_xla(query, key, value, bias, mask, is_causal, scale)`
@@ -69,7 +70,7 @@ def dot_product_attention_rule(original: Callable) -> Callable:
     def dot_product_attention_xla(query, key, value, bias, mask, is_causal, scale):
         if not (is_16bit(query) and query.dtype == key.dtype):
             return original(query, key, value, bias, mask, is_causal, scale)
-        logits = amp_attention.float32_scores("BTNH,BSNH->BNTS", query, key, 1.0)
+        logits = amp_attention.float32_scores("BTNH,BSNH->BNTS", query, key, 1.0, compiled=xla_scores)
         logits = logits * tf.cast(scale, tf.float32)
         if bias is not None:
             logits = logits + tf.cast(bias, tf.float32)

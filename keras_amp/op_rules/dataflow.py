@@ -178,7 +178,7 @@ def _matmul_equation(op: tf.Operation) -> str | None:
     return f"{left},{right}->{batch}ik"
 
 
-def _float32_matmul(op: tf.Operation) -> tf.Tensor:
+def _float32_matmul(op: tf.Operation, xla_scores: bool) -> tf.Tensor:
     """A score matmul's result in float32: 16-bit products, float32 accumulation and result."""
     a, b = op.inputs
     if a.dtype != b.dtype:
@@ -187,7 +187,7 @@ def _float32_matmul(op: tf.Operation) -> tf.Tensor:
     if equation is None:
         # Broadcast batch dims: a float32 matmul of the exact float32 copies (TF's gradient).
         return _rebuild(op, [tf.cast(a, tf.float32), tf.cast(b, tf.float32)])
-    return amp_attention.float32_scores(equation, a, b, 1.0)
+    return amp_attention.float32_scores(equation, a, b, 1.0, compiled=xla_scores)
 
 
 class _Walk:
@@ -198,8 +198,9 @@ class _Walk:
     op inside a reduction's argument, or an op above one with a reaching input.
     """
 
-    def __init__(self, state: str):
+    def __init__(self, state: str, xla_scores: bool = True):
         self._start = state
+        self._xla_scores = xla_scores
         self._reach: dict[tuple[str, str], bool] = {}
         self._built: dict[tuple[str, str], tf.Tensor] = {}
         self.low = False  # some value-changing op on a reaching path computed in 16 bits
@@ -237,7 +238,7 @@ class _Walk:
         op = t.op
         inner = _next_state(op.type, state) if t.dtype.is_floating else None
         if self._target(op, state):
-            result = _float32_matmul(op)
+            result = _float32_matmul(op, self._xla_scores)
         elif self._reach.get(key) and inner is not None:
             inputs = [
                 self.build(i, inner) if i.dtype.is_floating and self._reach.get((i.name, inner)) else _up(i)
@@ -254,10 +255,10 @@ class _TooLong(Exception):
     pass
 
 
-def _run(x: Any, state: str) -> tf.Tensor | None:
+def _run(x: Any, state: str, xla_scores: bool = True) -> tf.Tensor | None:
     if not _graph_tensor(x) or not x.dtype.is_floating:
         return None
-    walk = _Walk(state)
+    walk = _Walk(state, xla_scores)
     try:
         if not walk.reaches(x) or not walk.low:
             return None
@@ -266,13 +267,15 @@ def _run(x: Any, state: str) -> tf.Tensor | None:
     return walk.build(x)
 
 
-def float32_logits(x: Any) -> tf.Tensor | None:
+def float32_logits(x: Any, *, xla_scores: bool) -> tf.Tensor | None:
     """`x` (a softmax's input) rebuilt in float32 from its score matmuls, or None.
+
+    `xla_scores`: each score matmul as an XLA computation (`numerics.attention.float32_scores`).
 
     None when `x` is not a graph tensor, no 16-bit score matmul (or 16-bit infinite constant)
     reaches it through `SCORES_PATH` ops, or the walk exceeds its bound.
     """
-    return _run(x, SCORES)
+    return _run(x, SCORES, xla_scores)
 
 
 def float32_statistic(x: Any) -> tf.Tensor | None:

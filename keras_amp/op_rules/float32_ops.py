@@ -38,7 +38,7 @@ def float32_input_dtype(original: Callable) -> Callable:
     return rule
 
 
-def float32_probabilities(original: Callable) -> Callable:
+def float32_probabilities(original: Callable, *, xla_scores: bool) -> Callable:
     """softmax / log_softmax in float32, on float32 logits rebuilt from their score matmuls.
 
     In graph mode `dataflow.float32_logits` finds the 16-bit score matmuls (QK^T, however
@@ -47,7 +47,7 @@ def float32_probabilities(original: Callable) -> Callable:
     """
 
     def rule(x, axis=-1):
-        logits = dataflow.float32_logits(x)
+        logits = dataflow.float32_logits(x, xla_scores=xla_scores)
         if logits is None:
             if not is_16bit(x):
                 return original(x, axis=axis)

@@ -109,12 +109,22 @@ def _own(owner: Any, attr: str) -> Any:
 
 # As Keras defines them (captured by keras_amp._compat at import, before any replacement).
 ORIGINALS: dict[str, Callable] = {name: _compat.original(name) for name in _FACTORIES if _compat.original(name)}
-_REPLACEMENTS: dict[str, Callable] = {
-    name: factory(ORIGINALS[name]) for name, factory in _FACTORIES.items()
-    if factory is not None and name in ORIGINALS
-}
+# The rules whose replacement computes attention scores take the trace-time option
+# `xla_scores` (`keras_amp.enable(xla_scores=...)`) as an argument, bound when they are built.
+_TAKE_XLA_SCORES = (f"{TF_NN}.softmax", f"{TF_NN}.log_softmax", MHA_COMPUTE, DPA)
+
+
+def _build(xla_scores: bool) -> dict[str, Callable]:
+    return {
+        name: factory(ORIGINALS[name], xla_scores=xla_scores) if name in _TAKE_XLA_SCORES else factory(ORIGINALS[name])
+        for name, factory in _FACTORIES.items() if factory is not None and name in ORIGINALS
+    }
+
+
+_REPLACEMENTS: dict[bool, dict[str, Callable]] = {True: _build(True), False: _build(False)}
 _lock = threading.RLock()
 _installed: str | None = None
+_xla_scores: bool | None = None
 _active: list[str] = []  # the qualified names replaced now
 
 
@@ -135,16 +145,19 @@ def why_not_installed(rule: Rule) -> str | None:
     return None
 
 
-def install(compute_dtype: str) -> None:
+def install(compute_dtype: str, *, xla_scores: bool = True) -> None:
     """Installs the rules for a 16-bit `compute_dtype` ("float16" or "bfloat16"); idempotent.
 
-    Called by `keras_amp.enable()` (through `sync`); tests call it directly. A rule
-    whose Keras source changed is skipped with an `AmpWarning`.
+    `xla_scores`: whether the float32 attention scores are XLA computations (bound into the
+    attention and softmax rules; see `keras_amp.enable`). Called by `keras_amp.enable()`
+    (through `sync`); tests call it directly. A rule whose Keras source changed is skipped
+    with an `AmpWarning`.
     """
-    global _installed
+    global _installed, _xla_scores
     validation.check_choice("compute_dtype", compute_dtype, LOW_PRECISION)
+    xla_scores = validation.check_bool("xla_scores", xla_scores)
     with _lock:
-        if _installed == compute_dtype:
+        if (_installed, _xla_scores) == (compute_dtype, xla_scores):
             return
         uninstall()
         for rule in RULES:
@@ -159,21 +172,21 @@ def install(compute_dtype: str) -> None:
                 continue
             for name in pending:
                 owner, attr = _TARGETS[name]
-                setattr(owner, attr, _REPLACEMENTS[name])
+                setattr(owner, attr, _REPLACEMENTS[xla_scores][name])
                 _active.append(name)
-        _installed = compute_dtype
+        _installed, _xla_scores = compute_dtype, xla_scores
     logging.info("keras_amp: op rules installed for %s (%d Keras objects replaced)", compute_dtype, len(_active))
 
 
 def uninstall() -> None:
     """Restores every Keras object the rules replaced (the same objects); a no-op when none."""
-    global _installed
+    global _installed, _xla_scores
     with _lock:
         for name in _active:
             owner, attr = _TARGETS[name]
             setattr(owner, attr, ORIGINALS[name])
         _active.clear()
-        _installed = None
+        _installed = _xla_scores = None
 
 
 def installed() -> str | None:
@@ -199,6 +212,6 @@ def sync(config: amp_policy.AmpConfig | None) -> None:
     """Puts the rules in line with `config`: installed under a 16-bit compute dtype, removed
     otherwise (None: keras_amp disabled)."""
     if config is not None and config.compute_dtype in LOW_PRECISION:
-        install(config.compute_dtype)
+        install(config.compute_dtype, xla_scores=config.xla_scores)
     else:
         uninstall()

@@ -166,11 +166,12 @@ def test_float32_scores_exact_forward_and_compute_dtype_gradients(dtype, xla_sco
     key16, query16 = tf.cast(key, dtype), tf.cast(query, dtype)
     scale = 0.25
     # The forward runs as an XLA-compiled call, or (xla_scores=False) as plain graph ops.
-    compiled = _compiled_calls(lambda k, q: attention.float32_scores(equation, k, q, scale), key16, query16)
+    compiled = _compiled_calls(lambda k, q: attention.float32_scores(equation, k, q, scale, compiled=xla_scores),
+                               key16, query16)
     assert len(compiled) == (1 if xla_scores else 0)
     with tf.GradientTape() as tape:
         tape.watch([key16, query16])
-        scores = attention.float32_scores(equation, key16, query16, scale)
+        scores = attention.float32_scores(equation, key16, query16, scale, compiled=xla_scores)
         loss = tf.reduce_sum(tf.sin(scores / 1e4))
     d_key, d_query = tape.gradient(loss, [key16, query16])
     k64, q64 = np64(key16), np64(query16)
@@ -212,7 +213,7 @@ def test_float32_attention_on_stock_layer(mixed_policy, causal):
     stock = _make(keras.layers.MultiHeadAttention)
     pq, pk, pv = _projected(stock, q, k, v)
     out, scores = attention.float32_attention(
-        stock, pq, pk, pv, return_attention_scores=True, use_causal_mask=causal
+        stock, pq, pk, pv, return_attention_scores=True, use_causal_mask=causal, compiled=True
     )
     ref_out, ref_probs, ref_logits = reference(np64(q), np64(k), np64(v), _causal() if causal else None)
     assert np.abs(ref_logits[np.isfinite(ref_logits)]).max() > 65504  # guard: overflows float16
@@ -235,14 +236,14 @@ def test_float32_attention_scores_dtype_and_dropout_stream(mixed_policy):
     pq, pk, pv = _projected(stock, q, k, v)
     cdt = keras.dtype_policies.get(mixed_policy).compute_dtype
     out, scores = attention.float32_attention(
-        stock, pq, pk, pv, training=True, return_attention_scores=True, scores_dtype=cdt
+        stock, pq, pk, pv, training=True, return_attention_scores=True, scores_dtype=cdt, compiled=True
     )
     assert keras.backend.standardize_dtype(scores.dtype) == cdt
     ref_probs = reference(np64(q), np64(k), np64(v))[1]
     np.testing.assert_allclose(np64(scores), ref_probs, atol=2 * u(mixed_policy))
     # The layer's dropout ran on the probabilities: the output is the value einsum of
     # probabilities that are 0 or p / (1 - rate), with at least one zeroed.
-    no_drop, _ = attention.float32_attention(stock, pq, pk, pv, training=False)
+    no_drop, _ = attention.float32_attention(stock, pq, pk, pv, training=False, compiled=True)
     assert np.abs(np64(out) - np64(no_drop)).max() > 1e-2  # guard: dropout applied
     assert np.all(np.isfinite(np64(out)))
 
@@ -318,7 +319,7 @@ def test_fused_probabilities_equal_the_unfused_ops(mixed_policy, causal):
     # float32 softmax, one rounding): the probabilities agree to within one 16-bit rounding. The
     # fused softmax gradient starts from the 16-bit probabilities, TF's from float32 ones: the
     # input gradients agree to a few 16-bit roundings (the bound of the float64 test above).
-    keras_amp.enable(mixed_policy, xla_scores=False)  # the unfused float32_scores: no XLA
+    keras_amp.enable(mixed_policy)
     dtype = keras.dtype_policies.get(mixed_policy).compute_dtype
     rng = np.random.default_rng(2)
     key = tf.cast(tf.constant(rng.standard_normal((2, T, HEADS, KEY_DIM)) * 3), dtype)
@@ -333,7 +334,7 @@ def test_fused_probabilities_equal_the_unfused_ops(mixed_policy, causal):
             if fused:
                 probs = attention.compute_dtype_probabilities(equation, key, query, scale, mask, 1)
             else:
-                scores = attention.float32_scores(equation, key, query, scale)
+                scores = attention.float32_scores(equation, key, query, scale, compiled=False)  # unfused
                 probs = tf.cast(attention._masked_softmax(scores, mask, 1), dtype)
             loss = tf.reduce_sum(tf.cast(probs, tf.float32) * upstream)
         results.append([probs] + tape.gradient(loss, [key, query]))
@@ -347,7 +348,7 @@ def test_float32_attention_needs_built_layer():
     layer = keras.layers.MultiHeadAttention(HEADS, KEY_DIM)  # not built: no einsum equations yet
     x = tf.zeros((1, T, HEADS, KEY_DIM))
     with pytest.raises(TypeError, match="_dot_product_equation"):
-        attention.float32_attention(layer, x, x, x)
+        attention.float32_attention(layer, x, x, x, compiled=True)
 
 
 @pytest.mark.parametrize("cls", [MultiHeadAttention, keras.layers.MultiHeadAttention], ids=["ours", "stock"])
@@ -406,7 +407,8 @@ def test_float32_attention_on_keras_hub_cached_attention(mixed_policy):
         def _compute_attention(self, query, key, value, attention_mask=None, training=None,
                                return_attention_scores=False, use_causal_mask=False):
             return attention.float32_attention(
-                self, query, key, value, attention_mask, training, return_attention_scores, use_causal_mask
+                self, query, key, value, attention_mask, training, return_attention_scores, use_causal_mask,
+                compiled=True,
             )
 
     q, k, v = _inputs()
@@ -432,3 +434,16 @@ def test_guard_private_attributes_of_a_built_stock_layer():
     assert isinstance(layer._combine_equation, str) and "->" in layer._combine_equation
     assert layer._inverse_sqrt_key_dim == pytest.approx(1 / np.sqrt(KEY_DIM))
     assert isinstance(layer._dropout_layer, keras.layers.Dropout)
+
+
+def test_xla_scores_is_read_once_when_the_layer_is_created_never_at_trace_time(mixed_policy):
+    # Issue 25: trace-time options are passed, not read from the global config.
+    keras_amp.enable(mixed_policy, xla_scores=False)
+    unfused = MultiHeadAttention(HEADS, KEY_DIM)
+    explicit = MultiHeadAttention(HEADS, KEY_DIM, xla_scores=True)
+    keras_amp.enable(mixed_policy)  # xla_scores=True now: the layers keep what they were made with
+    x = tf.constant(np.ones((1, T, DIM)), keras.dtype_policies.get(mixed_policy).compute_dtype)
+    assert _compiled_calls(lambda a: unfused(a, a), x) == []
+    assert len(_compiled_calls(lambda a: explicit(a, a), x)) >= 1
+    with pytest.raises(TypeError, match="xla_scores"):
+        MultiHeadAttention(HEADS, KEY_DIM, xla_scores="yes")

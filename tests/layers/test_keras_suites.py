@@ -81,7 +81,7 @@ DIVERGENCES = {
         "the test counts the config's keys (4); keras_amp's get_config returns all 12 constructor "
         "arguments (tier, min_scale, max_scale, growth_factor, backoff_factor, hysteresis, dynamic, "
         "on_min_scale besides stock's 4), and the values it checks are tested in "
-        "tests/test_loss_scale_optimizer.py"
+        "tests/optimizers/test_loss_scale_optimizer.py"
     ),
     "core/wrapper_test.py::WrapperTest.test_wrapper_invalid_layer": (
         "house rule: a wrong type raises TypeError (stock Wrapper raises ValueError for a non-layer)"

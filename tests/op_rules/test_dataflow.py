@@ -247,23 +247,23 @@ def test_float32_chains_and_eager_tensors_are_left_alone():
         # Keras's LayerNormalization computes in float32 from a cast input: nothing to rebuild.
         stat32 = ops.mean(ops.square(tf.cast(x16, tf.float32)), axis=-1) + 1e-6
         seen.append(dataflow.float32_statistic(stat32))
-        seen.append(dataflow.float32_logits(ops.einsum("ij,kj->ik", x32, x32)))  # float32 scores
+        seen.append(dataflow.float32_logits(ops.einsum("ij,kj->ik", x32, x32), xla_scores=True))  # float32 scores
         seen.append(dataflow.float32_statistic(x16 + 1.0))  # no reduction: not a statistic
-        seen.append(dataflow.float32_logits(ops.einsum("ij,kj->ik", x16, x16)))  # 16-bit scores
+        seen.append(dataflow.float32_logits(ops.einsum("ij,kj->ik", x16, x16), xla_scores=True))  # 16-bit scores
         return x16
 
     f(tf.ones((2, 4), tf.bfloat16), tf.ones((2, 4)))
     assert seen[:3] == [None, None, None]
     assert seen[3] is not None and seen[3].dtype == tf.float32
     eager = ops.einsum("ij,kj->ik", tf.ones((2, 4), tf.bfloat16), tf.ones((2, 4), tf.bfloat16))
-    assert dataflow.float32_logits(eager) is None  # eager: no graph to read (documented)
+    assert dataflow.float32_logits(eager, xla_scores=True) is None  # eager: no graph to read (documented)
 
 
 def test_rules_run_while_tracing_not_per_step(monkeypatch):
     keras_amp.enable("mixed_float16")
     calls = []
     original = dataflow.float32_logits
-    monkeypatch.setattr(dataflow, "float32_logits", lambda x: calls.append(1) or original(x))
+    monkeypatch.setattr(dataflow, "float32_logits", lambda x, **kw: calls.append(1) or original(x, **kw))
     q = tf.constant(_near_300((2, 5, 8)), tf.float16)
     step = tf.function(lambda q: _attention("einsum", q, q, q, 1.0 / 4096)[0])
     first = step(q).numpy()

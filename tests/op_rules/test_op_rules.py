@@ -68,7 +68,7 @@ def test_public_ops_call_the_replaced_backend_modules():
     assert backend.nn is tf_nn and backend.math is tf_math and backend.numpy is tf_numpy
     op_rules.install("float16")
     for name in op_rules.replaced():
-        assert _attr(name) is installer._REPLACEMENTS[name]
+        assert _attr(name) is installer._REPLACEMENTS[True][name]  # install() default: xla_scores=True
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
