@@ -59,7 +59,7 @@ REDUCTIONS = frozenset({"Mean", "Sum"})
 # taken as it is (the residual stream, a projection: not part of the statistic).
 _PASS = frozenset({"Cast", "Identity", "StopGradient", "Reshape", "ExpandDims", "Squeeze"})
 _ABOVE = _PASS | {"AddV2", "Add", "Sub", "Mul", "RealDiv", "Maximum", "Minimum", "Square", "BroadcastTo"}
-_SQUARING = frozenset({"Square", "SquaredDifference", "Mul", "Abs"})
+_SQUARING = frozenset({"Square", "SquaredDifference", "Mul", "Abs", "Pow"})  # Pow: `x ** 2` (Gemma3n)
 # Ops whose 16-bit result changes a value (not a cast or a reshape): what makes a chain "16-bit".
 _VALUE_PRESERVING = _PASS | {"Transpose", "GatherV2", "GatherNd", "StridedSlice", "Slice", "Tile",
                              "BroadcastTo", "ConcatV2", "Pad", "PadV2", "Pack"}

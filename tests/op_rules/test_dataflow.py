@@ -198,7 +198,13 @@ def _standardise(h):
     return (h - mean) / ops.sqrt(var + 1e-6)
 
 
-@pytest.mark.parametrize("norm", [_rms_norm, _standardise], ids=["rsqrt_mean_square", "centred_sqrt_var"])
+def _pow_magnitude(h):
+    # keras-hub Gemma3n's AltUp: `x ** 2` (a Pow op) and a floor on the mean before the root.
+    return h / ops.sqrt(ops.maximum(ops.mean(h**2, axis=-1, keepdims=True), 1e-6))
+
+
+@pytest.mark.parametrize("norm", [_rms_norm, _standardise, _pow_magnitude],
+                         ids=["rsqrt_mean_square", "centred_sqrt_var", "sqrt_max_mean_pow"])
 def test_hand_written_norm_statistics_float32_stock_overflows(norm):
     # |h| ~ 300 to 600: float16 squares pass 65504 (inf), so stock's statistic is inf.
     rng = np.random.RandomState(0)
