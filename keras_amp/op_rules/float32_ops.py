@@ -128,3 +128,22 @@ def float32_loss_spec(original: Callable) -> Callable:
 
     return compute_output_spec
 
+
+
+def float16_arange(original: Callable) -> Callable:
+    """`ops.arange(..., dtype="float16")` computed in float32 and cast to float16.
+
+    TensorFlow has no float16 `Range` kernel: inside a graph Keras's arange fails at graph
+    construction ("Unsupported dtype19 for Range[Tidx=DT_HALF]"; Keras catches only the eager
+    error), so any model that builds float16 position or timestep tables with it cannot be
+    traced under mixed_float16 (keras-hub ESM, RoFormerV2, Flux, D-FINE, SAM3). The float32
+    range holds the same integers exactly and rounds other values once, to float16.
+    """
+
+    def arange(start, stop=None, step=None, dtype=None):
+        if dtype is not None and keras.backend.standardize_dtype(dtype) == "float16":
+            return tf.cast(original(start, stop, step, dtype="float32"), tf.float16)
+        return original(start, stop, step, dtype)
+
+    arange.__name__ = arange.__qualname__ = original.__name__
+    return arange

@@ -28,6 +28,7 @@ from keras_amp import validation
 from keras_amp.op_rules.attention import dot_product_attention_rule, mha_attention_rule
 from keras_amp.op_rules.float32_ops import (
     float32_batch_normalization,
+    float16_arange,
     float32_input_dtype,
     float32_loss_rule,
     float32_loss_spec,
@@ -71,6 +72,7 @@ _FACTORIES: dict[str, Callable | None] = {
     f"{_OPS_NN}._layer_normalization": lean_layer_normalization,
     f"{_OPS_NN}._normalize": float32_input_dtype,
     "keras.src.backend.tensorflow.numpy.std": float32_input_dtype,
+    "keras.src.backend.tensorflow.numpy.arange": float16_arange,
     f"{TF_NN}.gelu": lean_gelu,
     f"{TF_NN}.categorical_crossentropy": float32_loss_rule("Softmax"),
     f"{_OPS_NN}.CategoricalCrossentropy.compute_output_spec": float32_loss_spec,

@@ -131,6 +131,11 @@ RULES: tuple[Rule, ...] = (
          "the sum of squares overflows float16 (|x| ~ 300 over 64 entries): stock returns zeros"),
     Rule("std", "reduction", "float32", "input dtype", FLOAT16, "keras_amp", ("keras.src.backend.tensorflow.numpy.std",),
          "squared deviations overflow float16; Keras upcasts var but not std"),
+    Rule("arange with dtype float16", "", "float32", "input dtype", FLOAT16, "keras_amp",
+         ("keras.src.backend.tensorflow.numpy.arange",),
+         "TF has no float16 Range kernel: in a graph, `ops.arange(..., dtype=\"float16\")` fails at graph "
+         "construction in stock Keras (keras-hub ESM, RoFormerV2, Flux, D-FINE and SAM3 build position or "
+         "timestep tables with it); computed as a float32 range cast to float16"),
     Rule("gelu", "exp", "float32", "input dtype", FLOAT16, "keras_amp", (f"{TF_NN}.gelu",),
          "the tanh approximation evaluates x**3 (Pow): its gradient 3x**2 overflows float16 past "
          "|x| = 256 and stock's gradient is NaN (inf * 0); bfloat16 has the range"),

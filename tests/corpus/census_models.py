@@ -83,6 +83,8 @@ def batch(case: Case, model: keras.Model) -> tuple[Any, np.ndarray]:
             x[name] = np.ones(shape, dtype)
         elif "segment" in name:
             x[name] = np.zeros(shape, dtype)
+        elif "label" in name and "int" in dtype:  # prompt labels (SAM3's box labels): 0 or 1
+            x[name] = rng.integers(0, 2, shape).astype(dtype)
         elif "int" in dtype:
             x[name] = rng.integers(1, VOCAB, shape).astype(dtype)
         else:
@@ -325,7 +327,31 @@ def _d_fine():
         lqe_hidden_dim=8, num_lqe_layers=2, out_features=["stage3", "stage4"], image_shape=(64, 64, 3), seed=0)
 
 
+def _sam3():
+    """SAM3: ViT vision encoder with FPN, text encoder, geometry (box prompt) encoder, DETR encoder and
+    decoder, mask decoder; one box prompt (`shapes` in CASES)."""
+    from keras_hub.src.models.sam3 import (sam3_detr_decoder, sam3_detr_encoder, sam3_geometry_encoder,
+                                           sam3_mask_decoder, sam3_text_encoder, sam3_vision_encoder)
+
+    size = (56, 56, 3)  # patch 14: a 4x4 grid
+    return hub.SAM3PromptableConceptBackbone(
+        vision_encoder=sam3_vision_encoder.SAM3VisionEncoder(
+            image_shape=size, patch_size=14, num_layers=1, hidden_dim=16, intermediate_dim=32, num_heads=2,
+            fpn_hidden_dim=16, fpn_scale_factors=[4.0, 2.0, 1.0, 0.5], pretrain_image_shape=(28, 28, 3),
+            window_size=2, global_attn_indexes=[0]),
+        text_encoder=sam3_text_encoder.SAM3TextEncoder(
+            vocabulary_size=VOCAB, embedding_dim=16, hidden_dim=16, num_layers=1, num_heads=2, intermediate_dim=32),
+        geometry_encoder=sam3_geometry_encoder.SAM3GeometryEncoder(
+            num_layers=1, hidden_dim=16, intermediate_dim=32, num_heads=2, roi_size=7),
+        detr_encoder=sam3_detr_encoder.SAM3DetrEncoder(num_layers=1, hidden_dim=16, intermediate_dim=32, num_heads=2),
+        detr_decoder=sam3_detr_decoder.SAM3DetrDecoder(
+            image_shape=size, patch_size=14, num_layers=1, hidden_dim=16, intermediate_dim=32, num_heads=2,
+            num_queries=8),
+        mask_decoder=sam3_mask_decoder.SAM3MaskDecoder(num_upsampling_stages=3, hidden_dim=16, num_heads=2))
+
+
 IMAGE_BACKBONES = {
+    "sam3": _sam3,
     "stable_diffusion_3": _sd3_diffuser,
     "d_fine": _d_fine,
     "blip2": _blip2,
@@ -455,7 +481,9 @@ IMAGE_BACKBONES = {
 }
 IMAGE_SIZE = {name: (16, 16, 3) for name in ("blip2", "depth_anything", "parseq", "vae", "video_prism", "vit", "deit", "dinov2", "dinov3", "clip", "siglip", "metaclip_2")}
 IMAGE_SIZE["d_fine"] = (64, 64, 3)  # two stride-16/32 feature levels
-IMAGE_OUTPUT = {"d_fine": "last_hidden_state"}  # the decoder's query states
+IMAGE_SIZE["sam3"] = (56, 56, 3)
+IMAGE_OUTPUT = {"d_fine": "last_hidden_state", "sam3": "pred_boxes"}  # query states; predicted boxes
+IMAGE_SHAPES = {"sam3": {"boxes": (1, 5), "box_labels": (1,)}}  # one box prompt
 CONVNETS = {
     "basnet", "cspnet", "deeplab_v3", "densenet", "efficientnet", "hgnetv2", "mobilenet", "mobilenetv5", "resnet",
     "retinanet", "vae", "vgg", "xception",
@@ -480,14 +508,12 @@ APPLICATIONS = {
 }
 
 _STOCK = "fails without keras_amp too, under stock Keras's dtype policy"
-_RANGE = (f"{_STOCK}: its rotary embedding calls ops.arange(dtype=float16), and TF has no float16 Range "
-          "in a graph (ValueError: Unsupported dtype19 for Range[Tidx=DT_HALF])")
+# (ESM, RoFormerV2, Flux, D-FINE and SAM3 call ops.arange(dtype=float16), which stock Keras cannot trace:
+# keras_amp's arange rule computes it as a float32 range, so they run under mixed_float16 too.)
 _MOE = (f"{_STOCK} (both mixed policies): its sparse-MoE block multiplies float32 router weights by 16-bit "
         "hidden states (TypeError: Input 'y' of 'Mul' Op has type float32 that does not match type float16)")
 # Family (or "family/policy") -> why the census does not run it.
 SKIPPED: dict[str, str] = {
-    "esm/mixed_float16": _RANGE,
-    "roformer_v2/mixed_float16": _RANGE,
     "mixtral": _MOE,
     "qwen_moe": _MOE,
     "qwen3_moe": _MOE,
@@ -498,11 +524,6 @@ SKIPPED: dict[str, str] = {
     "app_regnet": "keras.applications in Keras 3.15 has no RegNet",
     "sam": ("not built: SAMBackbone's prompt inputs (points, labels, boxes, a zero-length stack of masks) do not "
             "fit the census's generic batch; its image encoder, ViTDet, is in the census (vit_det)"),
-    "sam3": "not attempted: six sub-models (vision, text, geometry, DETR encoder and decoder, mask decoder)",
-    "d_fine/mixed_float16": (f"{_STOCK}: its hybrid encoder's position embedding calls ops.arange(dtype=float16), "
-                             "and TF has no float16 Range in a graph (ValueError: Unsupported dtype19 for Range)"),
-    "flux/mixed_float16": (f"{_STOCK}: its timestep embedding calls ops.arange(dtype=float16), and TF has no "
-                           "float16 Range in a graph (ValueError: Unsupported dtype19 for Range[Tidx=DT_HALF])"),
     "rqvae": "not exported by keras_hub.models (no public backbone class in 0.32)",
 }
 
@@ -517,7 +538,7 @@ CASES: tuple[Case, ...] = tuple(
     [_case(n, "transformer", _with_head(f, TEXT_OUTPUT.get(n), shapes=TEXT_SHAPES.get(n)),
            attention=n not in NO_ATTENTION)
      for n, f in sorted(TEXT.items())]
-    + [_case(n, "cnn" if n in CONVNETS else "transformer", _with_head(f, IMAGE_OUTPUT.get(n), IMAGE_SIZE.get(n, IMAGE)),
+    + [_case(n, "cnn" if n in CONVNETS else "transformer", _with_head(f, IMAGE_OUTPUT.get(n), IMAGE_SIZE.get(n, IMAGE), IMAGE_SHAPES.get(n)),
              attention=n not in CONVNETS or n in CONV_ATTENTION)
        for n, f in sorted(IMAGE_BACKBONES.items())]
     + [_case(n, "cnn", f, attention=False, probabilities=True) for n, f in sorted(APPLICATIONS.items())]
