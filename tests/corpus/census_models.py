@@ -522,10 +522,9 @@ SKIPPED: dict[str, str] = {
                   "rotary embedding (InvalidArgumentError: cannot compute AddV2 as input #1 was expected to be "
                   "a float tensor but is a half tensor)"),
     "app_regnet": "keras.applications in Keras 3.15 has no RegNet",
-    "sam": ("not run: with one point and one box prompt, a traced step fails inside keras-hub's SAMPromptEncoder "
-            "(TypeError in its point encoding, sam_layers encode_coordinates) under both mixed policies; not "
-            "checked against stock. Its image encoder, ViTDet, is in the census (vit_det); its mask decoder is "
-            "not part of SAMBackbone's graph"),
+    "sam": (f"{_STOCK} (both mixed policies): traced, SAMPromptEncoder multiplies its 16-bit point coordinates by "
+            "a float32 positional matrix (TypeError: Input 'y' of 'BatchMatMulV2' Op has type float32 that does not "
+            "match type float16). Its image encoder, ViTDet, is in the census (vit_det)"),
     "rqvae": "not exported by keras_hub.models (no public backbone class in 0.32)",
 }
 
