@@ -447,3 +447,20 @@ def test_xla_scores_is_read_once_when_the_layer_is_created_never_at_trace_time(m
     assert len(_compiled_calls(lambda a: explicit(a, a), x)) >= 1
     with pytest.raises(TypeError, match="xla_scores"):
         MultiHeadAttention(HEADS, KEY_DIM, xla_scores="yes")
+
+
+def test_masks_of_different_ranks_in_one_process(mixed_policy):
+    # The compiled score functions once relaxed their input shapes across calls (reduce_retracing):
+    # after a rank-3 mask, a rank-4 mask reached `_masked_softmax` with an unknown rank and failed
+    # (keras-hub SAM3 after another family in the same process). Each rank traces its own now.
+    keras_amp.enable(mixed_policy)
+    dtype = keras.dtype_policies.get(mixed_policy).compute_dtype
+    rng = np.random.default_rng(3)
+    key = tf.cast(tf.constant(rng.standard_normal((2, T, HEADS, KEY_DIM))), dtype)
+    query = tf.cast(tf.constant(rng.standard_normal((2, T, HEADS, KEY_DIM))), dtype)
+    causal = np.tril(np.ones((T, T), bool))
+    for mask in (causal[None], causal[None, None], np.broadcast_to(causal, (2, 1, T, T)), causal[None]):
+        probs = tf.function(lambda k, q, m: attention.compute_dtype_probabilities(
+            "aecd,abcd->acbe", k, q, 0.3, m, 1))(key, query, tf.constant(mask))
+        assert probs.shape == (2, HEADS, T, T)
+        np.testing.assert_array_equal(np64(probs)[..., ~causal], 0.0)  # the mask holds on every call
