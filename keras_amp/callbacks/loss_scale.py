@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import threading
 import time
-import warnings
 from typing import Any, Callable
 
 import keras
@@ -24,6 +22,7 @@ from keras_amp import policy as amp_policy
 from keras_amp import validation
 from keras_amp.callbacks import summaries
 from keras_amp.callbacks.data_watch import DataWatch
+from keras_amp.callbacks.trend_checks import TrendChecks
 from keras_amp.diagnostics import symptoms, user_site
 from keras_amp.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
@@ -43,7 +42,7 @@ def memory_in_use() -> tuple[str, int]:
         return "rss", int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-class LossScaleMonitor(keras.callbacks.Callback):
+class LossScaleMonitor(TrendChecks, keras.callbacks.Callback):
     """Loss-scale metrics in `fit` logs; detects mixed-precision symptoms and says what to do.
 
     Adds to the logs (progress bar, `History`, `TensorBoard` placed after it): `loss_scale`,
@@ -387,59 +386,6 @@ class LossScaleMonitor(keras.callbacks.Callback):
         what = "all gradients" if "(global)" in lasting else f"the gradients of {', '.join(map(repr, layers))}"
         self._report("zero_gradients", facts, f"{what} zero for {self.zero_grad_steps}+ steps",
                      layers=layers, **self._scale_context())
-
-    def _check_step_time(self, now: float) -> None:
-        if self._tick is not None:
-            start, batches, first = self._tick
-            # The first interval of an epoch includes starting the data iterator (and tracing).
-            per_step = (now - start) / max(self._batches - batches, 1)
-            if not first and len(self._intervals) >= 5:
-                median = statistics.median(self._intervals)
-                # Two slow intervals in a row: one alone is a hiccup (GC, a neighbour's burst).
-                slow = per_step > self.step_time_factor * median
-                if slow and self._slow_before:
-                    self._report("step_time_jump", {}, f"{per_step * 1e3:.1f} ms/step after {self._batches} "
-                                 f"steps vs a running median of {median * 1e3:.1f} ms")
-                self._slow_before = slow
-            if not first:
-                self._intervals.append(per_step)
-        self._tick = (time.perf_counter(), self._batches, False)
-
-    def _check_validation(self, logs: dict) -> None:
-        swings = []
-        for key, value in logs.items():
-            if not key.startswith("val_") or not isinstance(value, (int, float)):
-                continue
-            prev = self._val_prev.get(key)
-            self._val_prev[key] = value
-            if prev is None:
-                continue
-            if not math.isfinite(value) or abs(value - prev) > self.val_swing * max(abs(prev), 1e-12):
-                swings.append(f"{key} {prev:.4g} -> {value:.4g}")
-        if swings:
-            facts = {"recent_overflows": self._last.get("overflows_since_log", 0) > 0
-                     if "overflows_since_log" in self._last else None,
-                     "outputs_float32": self._outputs_float32()}
-            self._report("validation_swing", facts, "; ".join(swings), **self._scale_context())
-
-    def _outputs_float32(self) -> bool | None:
-        try:
-            from keras_amp.diagnostics.check import check_model
-        except ImportError:
-            return None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            kinds = check_model(self.model).kinds()
-        return not ({"output_not_float32", "low_precision_loss"} & kinds)
-
-    def _check_memory(self) -> None:
-        kind, used = self._memory_reader()
-        self._memory.append(used)
-        recent = self._memory[-(self.memory_epochs + 1):]
-        rising = all(b > a for a, b in zip(recent, recent[1:])) and recent[-1] >= 1.05 * recent[0]
-        if len(recent) == self.memory_epochs + 1 and rising:
-            self._report("memory_growth", {}, f"{kind} {recent[0] / 2**20:.1f} MiB -> {recent[-1] / 2**20:.1f} MiB "
-                         f"over {self.memory_epochs} epochs")
 
 
 def _rows(probe: tuple) -> int | None:

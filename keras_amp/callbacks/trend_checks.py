@@ -1,0 +1,68 @@
+"""`TrendChecks`: the `LossScaleMonitor` symptoms read from trends across log points and epochs
+(step time, validation swings, memory growth), split from `loss_scale.py` as they are.
+
+A mixin: it uses the monitor's state (`_tick`, `_intervals`, `_slow_before`, `_val_prev`,
+`_memory`, `_last`, `_batches`, the thresholds) and its `_report` / `_scale_context`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+import warnings
+
+
+class TrendChecks:
+    def _check_step_time(self, now: float) -> None:
+        if self._tick is not None:
+            start, batches, first = self._tick
+            # The first interval of an epoch includes starting the data iterator (and tracing).
+            per_step = (now - start) / max(self._batches - batches, 1)
+            if not first and len(self._intervals) >= 5:
+                median = statistics.median(self._intervals)
+                # Two slow intervals in a row: one alone is a hiccup (GC, a neighbour's burst).
+                slow = per_step > self.step_time_factor * median
+                if slow and self._slow_before:
+                    self._report("step_time_jump", {}, f"{per_step * 1e3:.1f} ms/step after {self._batches} "
+                                 f"steps vs a running median of {median * 1e3:.1f} ms")
+                self._slow_before = slow
+            if not first:
+                self._intervals.append(per_step)
+        self._tick = (time.perf_counter(), self._batches, False)
+
+    def _check_validation(self, logs: dict) -> None:
+        swings = []
+        for key, value in logs.items():
+            if not key.startswith("val_") or not isinstance(value, (int, float)):
+                continue
+            prev = self._val_prev.get(key)
+            self._val_prev[key] = value
+            if prev is None:
+                continue
+            if not math.isfinite(value) or abs(value - prev) > self.val_swing * max(abs(prev), 1e-12):
+                swings.append(f"{key} {prev:.4g} -> {value:.4g}")
+        if swings:
+            facts = {"recent_overflows": self._last.get("overflows_since_log", 0) > 0
+                     if "overflows_since_log" in self._last else None,
+                     "outputs_float32": self._outputs_float32()}
+            self._report("validation_swing", facts, "; ".join(swings), **self._scale_context())
+
+    def _outputs_float32(self) -> bool | None:
+        try:
+            from keras_amp.diagnostics.check import check_model
+        except ImportError:
+            return None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            kinds = check_model(self.model).kinds()
+        return not ({"output_not_float32", "low_precision_loss"} & kinds)
+
+    def _check_memory(self) -> None:
+        kind, used = self._memory_reader()
+        self._memory.append(used)
+        recent = self._memory[-(self.memory_epochs + 1):]
+        rising = all(b > a for a, b in zip(recent, recent[1:])) and recent[-1] >= 1.05 * recent[0]
+        if len(recent) == self.memory_epochs + 1 and rising:
+            self._report("memory_growth", {}, f"{kind} {recent[0] / 2**20:.1f} MiB -> {recent[-1] / 2**20:.1f} MiB "
+                         f"over {self.memory_epochs} epochs")
