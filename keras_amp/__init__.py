@@ -3,7 +3,7 @@
     keras_amp.enable()            # before building the model: picks bf16/fp16/fp32 by hardware
 """
 
-from keras_amp import model_graph, op_rules, validation
+from keras_amp import memory, model_graph, op_rules, validation
 from keras_amp import callbacks, distribute, layers, losses, optimizers
 from keras_amp import diagnostics, recipes
 from keras_amp import auto_precision
@@ -20,8 +20,9 @@ from keras_amp.diagnostics import (
 from keras_amp.hardware import DeviceInfo, GpuInfo
 from keras_amp.op_rules import Matmul16DTypePolicy
 from keras_amp.optimizers import LossScaleOptimizer, MinScaleError, wrap
-from keras_amp.policy import AmpConfig, AmpWarning, config
-from keras_amp.state import disable, enable
+from keras_amp.plotting import plot_precision_plan
+from keras_amp.policy import AmpConfig, AmpWarning
+from keras_amp.state import config, disable, enable
 from keras_amp.recipes import RecipePlan, apply_recipe, plan_recipe
 from keras_amp.auto_precision import (
     Float32Fallback,
@@ -62,10 +63,12 @@ __all__ = [
     "find_overflow",
     "layers",
     "losses",
+    "memory",
     "model_graph",
     "op_rules",
     "optimizers",
     "plan_recipe",
+    "plot_precision_plan",
     "recipes",
     "search_precision",
     "validation",

@@ -50,6 +50,7 @@ CALLBACKS = "keras_amp callbacks' per-batch logs"
 RECIPES = "apply_recipe"
 AUTO_PRECISION = "automatic precision (Float32Fallback, ProgressivePrecision)"
 MODEL_GRAPH = "the model walk (functional graphs, layer lists)"
+MEMORY = "16-bit storage (frozen weights in their compute dtype, keras_amp.optimizers.LeanAdam)"
 GRADIENTS = ("keras_amp's graph-mode custom gradients freed with their graph (off: tf.custom_gradient, "
              "which keeps every traced graph that used one)")
 
@@ -85,7 +86,7 @@ PINS: tuple[Pin, ...] = (
     Pin("keras.src.optimizers.loss_scale_optimizer.LossScaleOptimizer.from_config", "3f6c367ccaafff32", (LSO,)),
     Pin("keras.src.optimizers.base_optimizer.BaseOptimizer.load_own_variables", "a6e0c5e7e88c4d33", (LSO,)),
     Pin("keras.src.optimizers.base_optimizer.BaseOptimizer.save_own_variables", "5c789905e2679bf5", (LSO,)),
-    Pin("keras.src.optimizers.base_optimizer.BaseOptimizer.build", "e9d310fddad51ed1", (LSO,)),
+    Pin("keras.src.optimizers.base_optimizer.BaseOptimizer.build", "e9d310fddad51ed1", (LSO, MEMORY,)),
     Pin("keras.src.optimizers.base_optimizer.BaseOptimizer._overwrite_variable_with_gradient", "f6fba7ddf9a6a95e", (LSO,)),
     Pin("keras.src.utils.tracking.no_automatic_dependency_tracking", "b69f1af066ac13e0", (LSO,)),
     Pin("tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext", "144a23c08793ec3d", (LSO,)),
@@ -149,9 +150,9 @@ PINS: tuple[Pin, ...] = (
     Pin("keras.src.layers.preprocessing.normalization.Normalization.finalize_state", "80b9994fb9171aea", (RECIPES,)),
     Pin("keras.src.layers.layer.Layer._flatten_layers", "662dcf281bc32c53", (MODEL_GRAPH,)),
     Pin("keras.src.models.functional.Functional.__init__", "1c7c6c21886b2ac5", (RECIPES,)),
-    Pin("keras.src.backend.tensorflow.trainer.TensorFlowTrainer.make_train_function", "a9703da4a49beb28", (RECIPES, AUTO_PRECISION,)),
-    Pin("keras.src.backend.tensorflow.trainer.TensorFlowTrainer.make_test_function", "ad5e9155b9298ef1", (RECIPES,)),
-    Pin("keras.src.backend.tensorflow.trainer.TensorFlowTrainer.make_predict_function", "a772a2efdd906f9a", (RECIPES,)),
+    Pin("keras.src.backend.tensorflow.trainer.TensorFlowTrainer.make_train_function", "a9703da4a49beb28", (RECIPES, AUTO_PRECISION, MEMORY,)),
+    Pin("keras.src.backend.tensorflow.trainer.TensorFlowTrainer.make_test_function", "ad5e9155b9298ef1", (RECIPES, MEMORY,)),
+    Pin("keras.src.backend.tensorflow.trainer.TensorFlowTrainer.make_predict_function", "a772a2efdd906f9a", (RECIPES, MEMORY,)),
     Pin("keras.src.backend.tensorflow.trainer.TensorFlowTrainer.fit", "a9a6dc02a7ddafa8", (AUTO_PRECISION,)),
     Pin("tensorflow.python.eager.record.record_operation", "6717cb36031a93d2", (GRADIENTS,)),
     # The precision decisions ride in Keras's checkpoints: a saveable attribute the saving walk visits.
@@ -164,6 +165,16 @@ PINS: tuple[Pin, ...] = (
     # The model walk: a functional model's layer graph lives in Function's private attributes.
     Pin("keras.src.ops.function.Function.__init__", "ce10a47709268ad7", (MODEL_GRAPH,)),
     Pin("keras.src.models.functional.Functional", None, (MODEL_GRAPH,)),
+    # 16-bit storage: a Keras variable's value is a tf.Variable in `_value` (swapped for one of
+    # another dtype); a layer's creation-time trainable list tells frozen weights from statistics.
+    Pin("keras.src.backend.tensorflow.core.Variable._initialize", "ab759c22f87fb300", (MEMORY,)),
+    Pin("keras.src.layers.layer.Layer._initialize_tracker", "d3c5eb26d32b8868", (MEMORY,)),
+    Pin("keras.src.trainers.trainer.Trainer._symbolic_build", "96220cc3b88fe768", (MEMORY,)),
+    # LeanAdam computes Adam's update itself (and the decoupled weight decay) for 16-bit variables.
+    Pin("keras.src.optimizers.adam.Adam.update_step", "05a229bf362b7227", (MEMORY,)),
+    Pin("keras.src.backend.tensorflow.optimizer.TFOptimizer._apply_weight_decay", "fee6526b6ad02f94", (MEMORY,)),
+    # Its slots are found by `_var_key` (the tf.Variable's id): a weight whose storage changes is re-keyed.
+    Pin("keras.src.backend.tensorflow.optimizer.TFOptimizer._var_key", "726df115036636bc", (MEMORY,)),
 )
 
 

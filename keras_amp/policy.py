@@ -31,6 +31,7 @@ from keras_amp import hardware, validation
 
 AUTO = "auto"
 POLICY_NAMES = ("mixed_float16", "mixed_bfloat16", "float32")
+FROZEN_WEIGHTS = ("compute", "float32")
 _ALLOWED = (AUTO,) + POLICY_NAMES
 
 
@@ -55,6 +56,8 @@ class AmpConfig:
             forward with an XLA-compiled 16-bit matmul with float32 accumulation (the 16-bit
             matmul's speed) rather than a float32 matmul. The logits are the same; XLA's
             compiler costs about 70 MiB of fixed process memory on a CPU.
+        frozen_weights: String, "compute" (default) or "float32" (see `keras_amp.memory`).
+        enabled: Bool, default True; False in `keras_amp.config()` while keras_amp is off.
     """
 
     policy: str
@@ -66,12 +69,15 @@ class AmpConfig:
     requested: str
     reason: str
     xla_scores: bool = True
+    frozen_weights: str = "compute"
+    enabled: bool = True
 
     def __post_init__(self):
         for name in ("policy", "compute_dtype", "variable_dtype", "device", "requested", "reason"):
             validation.check_type(name, getattr(self, name), str, "a string")
-        for name in ("loss_scaling", "tf32", "xla_scores"):
+        for name in ("loss_scaling", "tf32", "xla_scores", "enabled"):
             object.__setattr__(self, name, validation.check_bool(name, getattr(self, name)))
+        validation.check_choice("frozen_weights", self.frozen_weights, FROZEN_WEIGHTS)
         try:
             expected = keras.DTypePolicy(self.policy)
         except ValueError as error:
@@ -109,6 +115,7 @@ class AmpConfig:
             "loss_scaling": str(self.loss_scaling),
             "tf32": str(self.tf32),
             "xla_scores": str(self.xla_scores),
+            "frozen_weights": self.frozen_weights,
             "tensorflow": ".".join(tf.__version__.split(".")[:2]),
             "keras": ".".join(keras.__version__.split(".")[:2]),
         }
@@ -306,6 +313,7 @@ def enable(
     tf32: bool | None = None,
     device: hardware.DeviceInfo | None = None,
     xla_scores: bool = True,
+    frozen_weights: str = "compute",
     followers: tuple = (),
 ) -> AmpConfig:
     """Sets the global precision policy (and optionally TF32) before a model is built.
@@ -320,9 +328,10 @@ def enable(
         xla_scores: Bool, default True. Float32 attention scores (MultiHeadAttention and the
             QK^T rule, see `keras_amp.op_rules`) compute the QK^T forward as an XLA-compiled
             16-bit matmul with float32 accumulation and result: exact float32 logits at the
-            16-bit matmul's speed. XLA's compiler adds about 70 MiB of fixed process memory on a
-            CPU (where Keras does not otherwise use XLA); False computes it as a float32 matmul
-            instead (same logits, slower).
+            16-bit matmul's speed (about 70 MiB of fixed XLA memory on a CPU); False computes it
+            as a float32 matmul (same logits, slower).
+        frozen_weights: String, "compute" (default): frozen weights (`enable_lora`) are stored in
+            the dtype their layer reads them in; "float32" keeps them (see `keras_amp.memory`).
         followers: Tuple of callables, each called with the new `AmpConfig` inside the same
             all-or-nothing step (`keras_amp.enable()` passes the op rules' installer).
 
@@ -366,6 +375,7 @@ def enable(
             requested=requested,
             reason=reason,
             xla_scores=xla_scores,
+            frozen_weights=frozen_weights,
         )
         _apply(new, name, tf32, saved, followers)
     if warning:
@@ -375,7 +385,7 @@ def enable(
 
 
 def config() -> AmpConfig | None:
-    """The `AmpConfig` in force, or None when keras_amp is not enabled."""
+    """The `AmpConfig` in force, or None when off (the public `keras_amp.config()` says "off")."""
     return _config
 
 

@@ -129,7 +129,7 @@ def test_bad_policy(bad, error, match):
     before = keras.config.dtype_policy().name
     with pytest.raises(error, match=match):
         keras_amp.enable(bad, device=ZEN4)
-    assert keras_amp.config() is None
+    assert not keras_amp.config().enabled
     assert keras.config.dtype_policy().name == before
 
 
@@ -137,7 +137,7 @@ def test_bad_policy(bad, error, match):
 def test_bad_tf32(bad):
     with pytest.raises(TypeError, match=r"`tf32` must be True or False. Received: tf32="):
         keras_amp.enable("float32", tf32=bad, device=ZEN4)
-    assert keras_amp.config() is None
+    assert not keras_amp.config().enabled
 
 
 def test_bad_device():
@@ -145,14 +145,20 @@ def test_bad_device():
         keras_amp.enable("float32", device="cpu")
 
 
-def test_config_none_until_enabled_and_after_disable():
-    assert keras_amp.config() is None
+def test_config_off_until_enabled_and_after_disable():
+    keras.config.set_dtype_policy("mixed_float16")  # set in Keras directly, not through keras_amp
+    off = keras_amp.config()
+    assert not off.enabled and off.requested == "off" and "not enabled" in off.reason
+    assert (off.policy, off.compute_dtype, off.variable_dtype, off.loss_scaling) == (
+        "mixed_float16", "float16", "float32", True)
+    keras.config.set_dtype_policy("float32")
+    assert keras_amp.config().policy == "float32" and not keras_amp.config().loss_scaling
     config = keras_amp.enable("mixed_bfloat16", device=ZEN4)
-    assert keras_amp.config() is config
+    assert keras_amp.config() is config and config.enabled
     keras_amp.disable()
-    assert keras_amp.config() is None
+    assert not keras_amp.config().enabled
     keras_amp.disable()  # a second disable is a no-op
-    assert keras_amp.config() is None
+    assert not keras_amp.config().enabled
 
 
 def test_disable_restores_state_from_before_the_first_enable():
@@ -213,7 +219,9 @@ def test_fingerprint_is_stable_and_covers_the_settings_that_must_match():
     assert fields["tensorflow"] == ".".join(tf.__version__.split(".")[:2])
     assert fields["keras"] == ".".join(keras.__version__.split(".")[:2])
     assert set(fields) == {"policy", "compute_dtype", "variable_dtype", "loss_scaling", "tf32", "xla_scores",
-                           "tensorflow", "keras"}
+                           "frozen_weights", "tensorflow", "keras"}
+    frozen32 = keras_amp.enable("mixed_bfloat16", tf32=True, device=ZEN4, frozen_weights="float32")
+    assert frozen32.fingerprint() != a.fingerprint()
 
 
 def test_fingerprint_is_the_same_in_another_process():
@@ -351,7 +359,7 @@ def test_first_enable_rolls_back_to_not_enabled():
 
     with pytest.raises(_FollowerFailure):
         policy.enable("mixed_bfloat16", tf32=True, device=ZEN4, followers=(log.record, failing))
-    assert keras_amp.config() is None
+    assert not keras_amp.config().enabled
     assert keras.config.dtype_policy().name == "float64"
     assert log == ["mixed_bfloat16", None]
 
@@ -363,7 +371,7 @@ def test_failing_rollback_is_noted_on_the_original_error():
     with pytest.raises(_FollowerFailure) as info:
         policy.enable("float32", device=ZEN4, followers=(always_fails,))
     assert "rolling back follower" in "".join(info.value.__notes__)
-    assert keras_amp.config() is None
+    assert not keras_amp.config().enabled
 
 
 def test_disable_is_all_or_nothing_when_a_follower_raises():
@@ -438,7 +446,7 @@ def test_failure_describing_the_device_changes_nothing(monkeypatch):
     before = keras.config.dtype_policy().name
     with pytest.raises(OSError, match="no /proc"):
         keras_amp.enable("mixed_bfloat16", tf32=True)
-    assert keras_amp.config() is None
+    assert not keras_amp.config().enabled
     assert keras.config.dtype_policy().name == before
 
 
@@ -451,7 +459,7 @@ def test_failure_in_device_summary_changes_nothing():
     before = keras.config.dtype_policy().name
     with pytest.raises(RuntimeError, match="summary failed"):
         keras_amp.enable("mixed_bfloat16", device=BrokenSummary(cpu_flags=frozenset({"avx512_bf16"}), onednn_enabled=True))
-    assert keras_amp.config() is None
+    assert not keras_amp.config().enabled
     assert keras.config.dtype_policy().name == before
 
 

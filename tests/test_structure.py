@@ -17,11 +17,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / PACKAGE
 
 # Top to bottom; a node may import its own floor (no cycle) or any floor below it, never one above.
 FLOORS = (
-    ("people", ("cli", "doctor", "state")),
+    ("people", ("cli", "doctor", "plotting", "state")),
     ("training-time tools", ("auto_precision", "callbacks", "diagnostics", "distribute")),
     ("precision mechanisms", ("layer_kinds", "layer_policies", "layers", "losses", "op_rules",
                               "optimizers", "recipe_roles", "recipes")),
-    ("numerics", ("custom_gradient", "numerics")),
+    ("numerics, storage", ("custom_gradient", "memory", "numerics")),
     ("model inspection", ("model_graph",)),
     ("global state, facts, boundary", ("_compat", "dtypes", "hardware", "policy", "validation", "version")),
 )

@@ -67,6 +67,10 @@ SYMPTOMS: tuple[Symptom, ...] = (
             "device memory in use (GPU) or process RSS rises at each of N consecutive epoch ends, "
             "by 5% in all",
             "memory"),
+    Symptom("updates_vanish", "Weight updates vanish",
+            "most of a layer's requested weight change is lost to rounding, or most of its weights "
+            "do not move, in a measured step (keras_amp.diagnostics.UpdateLossProbe)",
+            "lean_storage"),
     Symptom("step_time_jump", "Step time jumps",
             "the mean step time between two log points exceeds its running median by the factor, "
             "at two log points in a row",
@@ -94,7 +98,8 @@ NODES: tuple[Node, ...] = (
          "mixed_bfloat16 needs none)", "overflowing", "forward_overflow_unscaled"),
     Node("overflowing", "Is the loss scale at its floor, or are steps overflowing?",
          "scale_at_floor_or_overflowing",
-         "the monitor's loss_scale (vs min_scale) and overflows_since_log", "forward_overflow", "diverged"),
+         "the monitor's loss_scale (vs min_scale) and overflows_since_log (in History and monitor.last)",
+         "forward_overflow", "diverged"),
     Node("forward_overflow", "Does the forward pass itself produce the inf/NaN?", "forward_overflow",
          _FORWARD_HOW, "move_to_float32", "lower_scale"),
     Node("forward_overflow_unscaled", "Does the forward pass itself produce the inf/NaN?", "forward_overflow",
@@ -132,7 +137,7 @@ NODES: tuple[Node, ...] = (
         "Let the scale back off further: LossScaleOptimizer(..., min_scale={half_min_scale}).",
         "If the backward pass overflows even there, " + _FLOAT32 + ".")),
     Node("recent_overflows", "Did steps overflow since the previous evaluation?", "recent_overflows",
-         "the monitor's overflows_since_log", "lower_scale", "outputs_float32"),
+         "the monitor's overflows_since_log (in History and monitor.last)", "lower_scale", "outputs_float32"),
     Node("outputs_float32", "Do the model's outputs and loss compute in float32?", "outputs_float32",
          "keras_amp.check_model(model) reports no output_not_float32 / low_precision_loss finding",
          "compare_float32", "float32_head"),
@@ -148,6 +153,18 @@ NODES: tuple[Node, ...] = (
         "Check how long tensors live: per-step tensors kept in Python lists (callbacks, metrics, "
         "logs), tf.function retracing on changing shapes or Python arguments, models built in a "
         "loop without keras.backend.clear_session().")),
+    Node("lean_storage", "Are the layer's weights stored in 16 bits (pure 16-bit policy or LeanAdam)?",
+         "weights_16bit", "keras_amp.memory.storage_dtype(variable) for the layer's weights",
+         "compensate", "tiny_steps"),
+    Node("compensate", actions=(
+        "Train {layers} with compensation: keras_amp.optimizers.LeanAdam (16-bit weights plus their low "
+        "bits, exact), or keep a float32 master for this layer (a mixed policy: "
+        "keras_amp.enable('mixed_bfloat16'), or dtype='mixed_bfloat16' on the layer).",
+        "Pure bfloat16 Keras Adam computes 1 - 0.999**t in bfloat16, where it is 0: it never moves "
+        "the weights at all.")),
+    Node("tiny_steps", actions=(
+        "The float32 master loses the update (the step is below float32's 2**-24 of the weight): "
+        "raise the learning rate, or rescale the weights.",)),
     Node("step_time", actions=(
         "Check device utilisation (nvidia-smi; keras.callbacks.TensorBoard(profile_batch=(10, 20))).",
         "Check the input pipeline: dataset.prefetch(tf.data.AUTOTUNE), cache(), "

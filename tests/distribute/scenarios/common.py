@@ -41,6 +41,16 @@ def dataset(x, y, shard: str = "data") -> tf.data.Dataset:
     return with_auto_shard_policy(ds, shard)
 
 
+def two_cpu_mirrored(policy: str):
+    """Two logical CPUs, keras_amp enabled with `policy`, and a MirroredStrategy over both."""
+    import keras_amp  # noqa: PLC0415
+    from keras_amp.distribute import local_cluster  # noqa: PLC0415
+
+    local_cluster.configure_logical_cpus(2)
+    keras_amp.enable(policy)
+    return keras_amp.distribute.mirrored(["/cpu:0", "/cpu:1"])
+
+
 def build_model() -> keras.Model:
     keras.utils.set_random_seed(1)
     return keras.Sequential(

@@ -10,7 +10,6 @@ import common
 import keras
 
 import keras_amp
-from keras_amp.distribute import local_cluster
 
 policy, optimizer_kind = sys.argv[1], sys.argv[2]
 
@@ -40,9 +39,7 @@ def make_optimizer():
 
 
 def main():
-    local_cluster.configure_logical_cpus(2)
-    keras_amp.enable(policy)
-    strategy = keras_amp.distribute.mirrored(["/cpu:0", "/cpu:1"])
+    strategy = common.two_cpu_mirrored(policy)
     with strategy.scope():
         model = common.build_model()
         model.compile(optimizer=make_optimizer(), loss="mse")

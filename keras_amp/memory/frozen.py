@@ -1,0 +1,202 @@
+"""Where a model's weights are stored: frozen weights in the dtype they are read in, lean weights.
+
+Under mixed precision a layer reads every float32 weight through a cast to its compute dtype. A
+frozen weight (a weight created trainable whose `trainable` was turned off: `layer.trainable =
+False`, `backbone.enable_lora(rank)`) is never updated, so its float32 value buys nothing: each
+step casts the same float32 value to the same 16-bit value. `prepare` stores it in that 16-bit
+value instead (half the bytes), so the forward pass and the gradients are bit for bit those of the
+float32-stored run. Kept in float32:
+
+- weights of layers that compute in float32 (float32 islands, float32 models), and weights that
+  a layer reads in float32 although it computes in 16 bits (found in a trace of the forward
+  pass, `keras_amp.memory.reads`: keras-hub's untied reverse embeddings, for one);
+- weights created non-trainable (BatchNormalization's moving statistics and other state a layer
+  updates itself) and weights that opt out of autocasting (`autocast=False`, read as stored);
+- everything when `keras_amp.enable(frozen_weights="float32")`, or keras_amp is not enabled.
+
+A weight made trainable again goes back to float32 storage (from its 16-bit value; a warning
+says so). `fit`, `evaluate` and `predict` call `prepare` (when keras_amp is enabled) before
+they trace; a custom training loop calls it after building the model and before its first step.
+
+What `save()` writes for a stored-16-bit frozen weight is its 16-bit value (what training used).
+`restore_frozen_float32(model, weights_path)` puts the float32 values back, for example before
+merging LoRA adapters into the kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import warnings
+
+import keras
+
+from keras_amp import _compat, model_graph, validation
+from keras_amp import policy as amp_policy
+from keras_amp.dtypes import LOW_PRECISION
+from keras_amp.memory import reads, storage
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """What `prepare` changed: variable paths stored in 16 bits, back in float32, made lean."""
+
+    frozen_16bit: tuple[str, ...] = ()
+    back_to_float32: tuple[str, ...] = ()
+    lean: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.frozen_16bit or self.back_to_float32 or self.lean)
+
+
+def owned_weights(model):
+    """(owning layer, variable, created trainable) for every variable of `model`, each once."""
+    layers = [model] + [layer for _, layer in model_graph.walk(model) if model_graph.is_layer(layer)]
+    seen = set()
+    for layer in layers:
+        for created_trainable, variables in ((True, layer._trainable_variables),
+                                             (False, layer._non_trainable_variables)):
+            for v in variables:
+                if id(v) not in seen:
+                    seen.add(id(v))
+                    yield layer, v, created_trainable
+
+
+def read_dtype(layer, variable) -> str:
+    """The dtype `layer` reads `variable` in: its compute dtype for an autocast float variable."""
+    stored = storage.storage_dtype(variable)
+    if variable._autocast and "float" in stored:
+        return keras.backend.standardize_dtype(layer.compute_dtype)
+    return stored
+
+
+def _frozen_mode() -> str:
+    config = amp_policy.config()
+    if config is None or not getattr(config, "enabled", True):
+        return "float32"
+    return config.frozen_weights
+
+
+def _lean_optimizer(optimizer):
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    return inner if hasattr(inner, "adopt_lean") else None
+
+
+def prepare(model, optimizer=None, *, frozen_weights: str | None = None) -> Prepared:
+    """Stores `model`'s frozen weights (and, for a `LeanAdam`, its trainable weights) in 16 bits.
+
+    Args:
+        model: A built `keras.Model` or layer.
+        optimizer: The optimizer that will train it, or None (`model.optimizer` when compiled).
+            A `keras_amp.optimizers.LeanAdam` (or a LossScaleOptimizer around one) adopts the
+            trainable weights of 16-bit layers: they are stored in 16 bits from here on, with the
+            compensation it keeps. It must not have been built yet.
+        frozen_weights: "compute", "float32" or None (default: `keras_amp.config()`'s; "float32"
+            when keras_amp is not enabled).
+
+    Returns:
+        `Prepared`, naming what changed. When anything did, the model's cached train/test/predict
+        functions are dropped so that the next call traces with the new variables.
+    """
+    _check_model(model)
+    mode = _frozen_mode() if frozen_weights is None else frozen_weights
+    if mode not in amp_policy.FROZEN_WEIGHTS:
+        raise ValueError(f"`frozen_weights` must be one of {amp_policy.FROZEN_WEIGHTS} or None. "
+                         f"Received: frozen_weights={frozen_weights!r}")
+    validation.check_type("optimizer", optimizer, (keras.optimizers.Optimizer, type(None)),
+                          "a keras.optimizers.Optimizer or None")
+    if optimizer is None:
+        optimizer = getattr(model, "optimizer", None)
+    lean = _lean_optimizer(optimizer)
+    if not _compat.warn_off(_compat.MEMORY):
+        if lean is not None:
+            _compat.require(_compat.MEMORY)
+        return Prepared()
+    frozen, thawed, targets, candidates = [], [], [], []
+    for layer, v, created_trainable in owned_weights(model):
+        if not created_trainable:
+            continue
+        reads_in = read_dtype(layer, v)
+        stored = storage.storage_dtype(v)
+        was_frozen_by_us = getattr(v, "_keras_amp_frozen_16bit", False)
+        if not v.trainable:
+            if (mode == "compute" and stored == "float32" and reads_in in LOW_PRECISION
+                    and not getattr(v, "_keras_amp_read_in_float32", False)):
+                candidates.append((v, reads_in))
+        elif was_frozen_by_us:
+            storage.set_storage(v, "float32")
+            v._keras_amp_frozen_16bit = False
+            thawed.append(v.path)
+        elif lean is not None and stored == "float32" and reads_in in LOW_PRECISION:
+            targets.append((v, reads_in))
+    if candidates:
+        verdict = reads.reads_16bit(model, [v for v, _ in candidates], [d for _, d in candidates])
+        for v, dtype in candidates:
+            if verdict is None or verdict[id(v)]:
+                storage.set_storage(v, dtype)
+                v._keras_amp_frozen_16bit = True
+                frozen.append(v.path)
+            else:
+                v._keras_amp_read_in_float32 = True  # found once; not traced again
+    if thawed:
+        warnings.warn(
+            f"keras_amp: {len(thawed)} weights made trainable again go back to float32 storage from "
+            f"their 16-bit values ({', '.join(thawed[:3])}{', ...' if len(thawed) > 3 else ''}); "
+            "call keras_amp.memory.restore_frozen_float32(model, weights_path) first to train from "
+            "the float32 values.", amp_policy.AmpWarning, stacklevel=3)
+    lean_paths = lean.adopt_lean(targets) if lean is not None and targets else ()
+    result = Prepared(tuple(frozen), tuple(thawed), tuple(lean_paths))
+    if result.changed:
+        forget_traced(model)
+        gc.collect()  # the replaced float32 tf.Variables are freed now, not at the next collection
+    return result
+
+
+def forget_traced(model) -> None:
+    """Drops a compiled model's cached train/test/predict functions (they hold old variables)."""
+    for attr in ("train_function", "test_function", "predict_function"):
+        if getattr(model, attr, None) is not None:
+            setattr(model, attr, None)
+
+
+def _check_model(model):
+    return validation.check_type("model", model, keras.layers.Layer, "a keras.Model or keras.layers.Layer")
+
+
+def frozen_16bit(model) -> list:
+    """The variables `prepare` stores in 16 bits because they are frozen."""
+    _check_model(model)
+    return [v for _, v, _ in owned_weights(model) if getattr(v, "_keras_amp_frozen_16bit", False)]
+
+
+def restore_frozen_float32(model, weights_path: str | None = None) -> list[str]:
+    """Puts frozen weights stored in 16 bits back into float32 storage; returns their paths.
+
+    Args:
+        model: The model `prepare` changed.
+        weights_path: Path of a `.weights.h5` (or `.keras`) file with the model's float32 weights
+            (the pretrained ones, e.g. saved before `enable_lora`), or None. With a path the frozen
+            weights get their float32 values back from it, and every other weight (LoRA
+            adapters, trained weights, statistics) keeps the value it has now. Without one they
+            get their 16-bit values, in float32.
+    """
+    _check_model(model)
+    if weights_path is not None:
+        validation.check_type("weights_path", weights_path, (str, os.PathLike), "a path or None")
+        if not os.path.exists(weights_path):
+            raise FileNotFoundError(f"`weights_path` does not exist. Received: weights_path={weights_path!r}")
+    variables = frozen_16bit(model)
+    for v in variables:
+        storage.set_storage(v, "float32")
+        v._keras_amp_frozen_16bit = False
+    if weights_path is not None:
+        keep = {id(v) for v in variables}
+        others = [v for v in model.variables if id(v) not in keep]
+        values = [v.numpy() for v in others]
+        model.load_weights(weights_path)
+        for v, value in zip(others, values):
+            v.assign(value)
+    forget_traced(model)
+    return [v.path for v in variables]

@@ -1,0 +1,77 @@
+"""16-bit storage of float32 values: the exact 16+16 split, Kahan pairs and stochastic rounding.
+
+- `split` / `join`: a float32 is its bfloat16 rounding and a uint16 of its 16 low mantissa bits.
+  `join(split(x)) == x` bit for bit, for every finite float32 and infinity, so a bfloat16 weight
+  plus its low half is a float32 master in 4 bytes. The bfloat16 half is `x` rounded to nearest
+  with ties away from zero (whether it rounded up is then `low >= 0x8000`); it differs from
+  TensorFlow's cast (ties to even) only on exact ties.
+- `kahan_split`: `hi` is `x` rounded to the 16-bit dtype and `lo` the rounded remainder `x - hi`:
+  about twice the 16-bit precision, for float16 where no exact split exists.
+- `stochastic_round`: rounds float32 to bfloat16 up or down with probability given by the distance,
+  so that the expected stored value equals `x`: small increments survive on average instead of
+  being rounded away every step. Seeded statelessly, so that every replica rounds the same way.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+_LOW_MASK = 0xFFFF
+_HALF = 0x8000
+
+
+def split(x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """float32 `x` -> (bfloat16 `x` rounded half up, uint16 low half of `x`), exact."""
+    bits = tf.bitcast(tf.convert_to_tensor(x, tf.float32), tf.uint32)
+    rounded = tf.bitwise.right_shift(bits + _HALF, 16)
+    hi = tf.bitcast(tf.cast(rounded, tf.uint16), tf.bfloat16)
+    lo = tf.cast(tf.bitwise.bitwise_and(bits, _LOW_MASK), tf.uint16)
+    return hi, lo
+
+
+def join(hi: tf.Tensor, lo: tf.Tensor) -> tf.Tensor:
+    """(bfloat16 top half, uint16 low half) -> the float32 they split from."""
+    lo = tf.cast(lo, tf.uint32)
+    carried = tf.cast(lo >= _HALF, tf.uint32)  # split rounded the top half up exactly then
+    top = tf.bitwise.left_shift(tf.cast(tf.bitcast(hi, tf.uint16), tf.uint32) - carried, 16)
+    return tf.bitcast(tf.bitwise.bitwise_or(top, lo), tf.float32)
+
+
+def kahan_split(x: tf.Tensor, dtype: tf.DType) -> tuple[tf.Tensor, tf.Tensor]:
+    """float32 `x` -> (`x` rounded to `dtype`, the remainder rounded to `dtype`)."""
+    x = tf.convert_to_tensor(x, tf.float32)
+    hi = tf.cast(x, dtype)
+    return hi, tf.cast(x - tf.cast(hi, tf.float32), dtype)
+
+
+def kahan_join(hi: tf.Tensor, lo: tf.Tensor) -> tf.Tensor:
+    return tf.cast(hi, tf.float32) + tf.cast(lo, tf.float32)
+
+
+def stochastic_round(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    """float32 `x` -> bfloat16, rounded up with probability (distance to the lower value) / ulp.
+
+    `seed`: int32 tensor of shape [2] (`tf.random.stateless_uniform`'s seed). Non-finite values
+    stay as they are.
+    """
+    x = tf.convert_to_tensor(x, tf.float32)
+    noise = tf.random.stateless_uniform(tf.shape(x), seed=seed, minval=0, maxval=_LOW_MASK + 1, dtype=tf.int32)
+    bits = tf.bitcast(x, tf.uint32)
+    dithered = tf.bitwise.bitwise_and(bits + tf.cast(noise, tf.uint32), tf.constant(0xFFFF0000, tf.uint32))
+    rounded = tf.bitcast(tf.cast(tf.bitwise.right_shift(dithered, 16), tf.uint16), tf.bfloat16)
+    return tf.where(tf.math.is_finite(x), rounded, tf.cast(x, tf.bfloat16))
+
+
+def bfloat16_to_float32(x: tf.Tensor) -> tf.Tensor:
+    """bfloat16 -> float32 exactly, with integer ops only (XLA's CPU convert of bfloat16 is slow)."""
+    return tf.bitcast(tf.bitwise.left_shift(tf.cast(tf.bitcast(x, tf.uint16), tf.uint32), 16), tf.float32)
+
+
+def round_to_bfloat16(x: tf.Tensor) -> tf.Tensor:
+    """float32 -> bfloat16, round to nearest even (as `tf.cast`), with integer ops only. NaN stays NaN."""
+    bits = tf.bitcast(tf.convert_to_tensor(x, tf.float32), tf.uint32)
+    odd = tf.bitwise.bitwise_and(tf.bitwise.right_shift(bits, 16), 1)
+    rounded = tf.bitwise.right_shift(bits + 0x7FFF + odd, 16)
+    nan = tf.math.is_nan(x)
+    top = tf.where(nan, tf.bitwise.bitwise_or(tf.bitwise.right_shift(bits, 16), 0x40), rounded)
+    return tf.bitcast(tf.cast(top, tf.uint16), tf.bfloat16)

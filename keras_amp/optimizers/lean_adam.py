@@ -1,0 +1,287 @@
+"""`LeanAdam` / `LeanAdamW`: Adam whose weights and moments live in 16 bits, updates compensated.
+
+Stock mixed precision keeps every trainable weight as a float32 master (4 bytes) with two float32
+Adam moments (8 bytes): 12 bytes per parameter. Storing the weight in 16 bits alone loses every
+update smaller than half a 16-bit ulp of the weight (pure bfloat16 training stalls). The lean tier
+stores, per parameter of a 16-bit layer:
+
+- the weight in 16 bits (the dtype the layer computes in, so no cast is needed to read it);
+- its compensation (`compensation=`):
+  - "split" (default under bfloat16): the 16 low mantissa bits of the float32 master as uint16.
+    Weight + compensation *are* the float32 master, bit for bit (`numerics.bits.split`).
+  - "kahan" (default under float16, where no exact split exists): the remainder of the master in
+    16 bits: about twice the 16-bit precision.
+  - "stochastic": no compensation; the new weight is rounded up or down at random (unbiased, so
+    small updates survive in expectation). bfloat16 only.
+  - "none": plain rounding: pure 16-bit storage, which loses small updates (for comparison).
+- Adam's moments in bfloat16 (`moments="bfloat16"`, default; float32's exponent range, so the
+  second moment cannot underflow as in float16). The first moment is rounded to nearest, the
+  second stochastically: its per-step change (`1 - beta_2` of it) is below bfloat16's precision,
+  and rounding to nearest would freeze it. `moments="float32"` keeps Keras's float32 moments.
+
+State per parameter: 2 (weight) + 2 (compensation) + 4 (moments) = 8 bytes by default, 6 with
+"stochastic". The update itself is computed in float32 from the reconstructed master, in Keras
+Adam's order of operations: with "split" and `moments="float32"` it is bit for bit the update of
+`keras.optimizers.Adam` on a float32 master. Stochastic rounding is seeded by the step and the
+variable's index, so every replica rounds the same way.
+
+Weights of layers that compute in float32 (islands) stay float32 with Keras's float32 moments.
+`keras_amp.memory.prepare(model, optimizer)` hands the optimizer its weights (fit does it when
+keras_amp is enabled); it must run before the optimizer is built.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_amp import _compat, validation
+from keras_amp.memory import storage
+from keras_amp.numerics import adam16, bits
+
+COMPENSATIONS = ("split", "kahan", "stochastic", "none")
+# Weights larger than this are updated a slice of rows at a time (`_update_in_chunks`).
+CHUNK_ELEMENTS = 1 << 20
+MOMENTS = ("bfloat16", "float32")
+
+
+def _f32(x):
+    return tf.cast(x, tf.float32)
+
+
+@keras.saving.register_keras_serializable(package="keras_amp")
+class LeanAdam(keras.optimizers.Adam):
+    """`keras.optimizers.Adam` with 16-bit weights, compensated updates and 16-bit moments.
+
+    Args:
+        compensation: String or None. "split", "kahan", "stochastic" or "none" (module doc);
+            None (default) picks "split" for bfloat16 weights and "kahan" for float16 ones.
+        moments: String, "bfloat16" (default) or "float32".
+        jit_update: Bool, default False. Compile each weight's update into one XLA element-wise
+            kernel (`keras_amp.numerics.adam16`): fewer float32 temporaries, but on the CPUs
+            measured XLA's loops were slower than TensorFlow's ops (BUILD_NOTES). False runs the
+            arithmetic as TensorFlow ops, bit for bit Keras Adam's.
+        **kwargs: `keras.optimizers.Adam`'s arguments (`amsgrad`, `use_ema` and gradient
+            accumulation are not supported).
+    """
+
+    def __init__(self, *args, compensation: str | None = None, moments: str = "bfloat16",
+                 jit_update: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.jit_update = validation.check_bool("jit_update", jit_update)
+        if compensation is not None:
+            validation.check_choice("compensation", compensation, COMPENSATIONS)
+        self.compensation = compensation
+        self.moments = validation.check_choice("moments", moments, MOMENTS)
+        for name, bad in (("amsgrad", self.amsgrad), ("use_ema", self.use_ema),
+                          ("gradient_accumulation_steps", self.gradient_accumulation_steps)):
+            if bad:
+                raise ValueError(f"LeanAdam does not support `{name}`. Received: {name}={bad!r}")
+        _compat.require(_compat.MEMORY)
+        self._pending = {}  # id(Keras variable) -> (kind, dtype, initial compensation or None)
+        self._kinds = []  # by variable index: (kind, dtype) for a lean weight, else None
+        self._low = []  # by variable index: the compensation variable, or None
+
+    def get_config(self):
+        return {**super().get_config(), "compensation": self.compensation, "moments": self.moments,
+                "jit_update": self.jit_update}
+
+    def _kind(self, dtype: str) -> str:
+        kind = self.compensation or ("split" if dtype == "bfloat16" else "kahan")
+        if kind in ("split", "stochastic") and dtype != "bfloat16":
+            raise ValueError(f"LeanAdam: compensation={kind!r} needs bfloat16 weights; this layer "
+                             f"computes in {dtype}. Use compensation='kahan' (or None).")
+        return kind
+
+    def adopt_lean(self, targets) -> list[str]:
+        """Stores each `(variable, dtype)` of `targets` in `dtype` with this optimizer's compensation.
+
+        Called by `keras_amp.memory.prepare` before the optimizer is built; returns the paths.
+        """
+        if self.built:
+            raise ValueError(
+                "LeanAdam was already built on float32 weights. Call keras_amp.memory.prepare(model, "
+                "optimizer) (fit does it while keras_amp is enabled) before its first step.")
+        paths = []
+        for variable, dtype in targets:
+            master = _f32(variable.value)
+            kind = self._kind(dtype)
+            low = None
+            if kind == "split":
+                hi, low = bits.split(master)
+            elif kind == "kahan":
+                hi, low = bits.kahan_split(master, tf.as_dtype(dtype))
+            else:
+                hi = tf.cast(master, dtype)
+            storage.set_storage(variable, dtype, hi)
+            self._pending[id(variable)] = (kind, dtype, low)
+            paths.append(variable.path)
+        return paths
+
+    def _lean_kind(self, variable):
+        """(kind, dtype) for a lean weight (a Keras variable or Keras's tf.Variable of one), else None."""
+        if not self.built:
+            entry = self._pending.get(id(variable))
+            return None if entry is None else entry[:2]
+        return self._kinds[self._get_variable_index(variable)]
+
+    def _is_lean(self, variable) -> bool:
+        return self._lean_kind(variable) is not None
+
+    def load_own_variables(self, store):
+        """Keras's loading; before the optimizer is built (a `.keras` file loads its state before
+        `prepare` has run), the values wait and are assigned right after `build`."""
+        if self.built:
+            return super().load_own_variables(store)
+        self._deferred_state = {key: store[key] for key in store.keys()}
+
+    def build(self, var_list):
+        if self.built:
+            return
+        var_list = list(var_list)
+        if not any(id(v) in self._pending for v in var_list):
+            if not tf.inside_function():
+                return  # Keras's model loading builds optimizers early; `prepare` builds this one later.
+            raise ValueError(
+                "LeanAdam has no 16-bit weights to train: call keras_amp.memory.prepare(model, optimizer) "
+                "on the built model before training (fit does it while keras_amp is enabled and the "
+                "model is built); layers that compute in float32 keep float32 weights.")
+        keras.optimizers.Optimizer.build(self, var_list)
+        self._momentums, self._velocities, self._kinds, self._low = [], [], [], []
+        for v in var_list:
+            if id(v) not in self._pending:
+                self._momentums.append(self.add_variable_from_reference(v, "momentum"))
+                self._velocities.append(self.add_variable_from_reference(v, "velocity"))
+                self._kinds.append(None)
+                self._low.append(None)
+                continue
+            kind, dtype, low = self._pending.pop(id(v))
+            self._kinds.append((kind, dtype))
+            base = v.path.replace("/", "_")
+            moment_dtype = self.moments
+            self._momentums.append(self.add_variable(v.shape, dtype=moment_dtype, name=f"{base}_momentum"))
+            self._velocities.append(self.add_variable(v.shape, dtype=moment_dtype, name=f"{base}_velocity"))
+            self._low.append(None if low is None else self.add_variable(
+                v.shape, dtype="uint16" if kind == "split" else dtype, name=f"{base}_compensation",
+                initializer=lambda shape, dtype, low=low: tf.cast(low, dtype)))
+        deferred = getattr(self, "_deferred_state", None)
+        if deferred is not None:
+            self._deferred_state = None
+            self.built = True
+            super().load_own_variables(deferred)
+
+    def _master(self, variable):
+        index = self._get_variable_index(variable)
+        kind, low = self._kinds[index][0], self._low[index]
+        value = tf.convert_to_tensor(variable)
+        if kind == "split":
+            return bits.join(value, tf.convert_to_tensor(low))
+        if kind == "kahan":
+            return bits.kahan_join(value, tf.convert_to_tensor(low))
+        return _f32(value)
+
+    def _store(self, variable, new, seed):
+        index = self._get_variable_index(variable)
+        (kind, dtype), low = self._kinds[index], self._low[index]
+        if kind == "split":
+            hi, rest = bits.split(new)
+            low.assign(rest)
+        elif kind == "kahan":
+            hi, rest = bits.kahan_split(new, tf.as_dtype(dtype))
+            low.assign(rest)
+        elif kind == "stochastic":
+            hi = bits.stochastic_round(new, seed)
+        else:
+            hi = tf.cast(new, dtype)
+        variable.assign(hi)
+        return hi
+
+    def master_weights(self) -> dict[int, tf.Tensor]:
+        """id(variable) -> its float32 master, for every weight this optimizer keeps in 16 bits."""
+        if not self.built:
+            return {}
+        return {id(v): self._master(v) for v in self._trainable_variables if self._is_lean(v)}
+
+    def variable_index(self, variable) -> int:
+        return self._get_variable_index(variable)
+
+    def rekey(self, variable, index: int) -> None:
+        """After `variable`'s storage changed (a new tf.Variable), finds its slots by `index` again."""
+        self._trainable_variables_indices = {
+            k: i for k, i in self._trainable_variables_indices.items() if i != index}
+        self._trainable_variables_indices[self._var_key(variable)] = index
+
+    def restore_lean(self, variable, index: int) -> None:
+        """Splits lean weight `index`, stored in float32 (`keras_amp.memory.float32_weights`), back."""
+        dtype = self._kinds[index][1]
+        master = _f32(variable.value)
+        storage.set_storage(variable, dtype, tf.cast(master, dtype))
+        self.rekey(variable, index)
+        self._store(variable, master, tf.constant([0, 0], tf.int32))
+
+    def _apply_weight_decay(self, variables):
+        # Lean weights decay inside update_step, on the float32 master.
+        super()._apply_weight_decay([v for v in variables if not self._is_lean(v)])
+
+    def update_step(self, gradient, variable, learning_rate):
+        if not self._is_lean(variable):
+            return super().update_step(gradient, variable, learning_rate)
+        index = self._get_variable_index(variable)
+        kind, dtype = self._kinds[index]
+        lr = _f32(learning_rate)
+        local_step = _f32(self.iterations + 1)
+        beta_1_power = tf.pow(_f32(self.beta_1), local_step)
+        beta_2_power = tf.pow(_f32(self.beta_2), local_step)
+        alpha = lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+        decay = self.weight_decay is not None and self._use_weight_decay(variable)
+        # Keras's constants: 1 - beta in Python, then float32.
+        scalars = tf.stack([lr, alpha, tf.constant(1 - self.beta_1, tf.float32),
+                            tf.constant(1 - self.beta_2, tf.float32), _f32(self.epsilon),
+                            _f32(self.weight_decay if decay else 0.0)])
+        seed = tf.stack([tf.cast(self.iterations, tf.int32), tf.constant(2 * index, tf.int32)])
+        probe = getattr(self, "_keras_amp_update_probe", None)
+        low_var = self._low[index]
+        low = tf.convert_to_tensor(low_var) if low_var is not None else tf.zeros((), tf.uint16)
+        m_var, v_var = self._momentums[index], self._velocities[index]
+        fn = adam16.kernel(kind, self.moments, decay, probe is not None, self.jit_update)
+        rows = variable.shape[0] if variable.shape.rank else 1
+        size = int(np.prod(variable.shape))
+        if probe is None and rows > 1 and size > CHUNK_ELEMENTS:
+            return self._update_in_chunks(fn, variable, low_var, m_var, v_var, gradient, scalars, index)
+        out = fn(tf.convert_to_tensor(variable), low, tf.convert_to_tensor(m_var), tf.convert_to_tensor(v_var),
+                 tf.convert_to_tensor(gradient), scalars, seed)
+        variable.assign(out[0])
+        if low_var is not None:
+            low_var.assign(out[1])
+        m_var.assign(out[2])
+        v_var.assign(out[3])
+        if probe is not None:
+            probe.record(variable, before=out[4], intended=out[5], realized=out[6])
+
+
+    def _update_in_chunks(self, fn, variable, low_var, m_var, v_var, gradient, scalars, index):
+        """The same update, CHUNK_ELEMENTS at a time along axis 0, one chunk after another: the float32
+        temporaries of a large weight (an embedding) never exist for the whole of it at once."""
+        targets = [variable, None if low_var is None else low_var.value, m_var.value, v_var.value]
+        gradient = tf.convert_to_tensor(gradient)
+        rows = variable.shape[0]
+        step = max(1, CHUNK_ELEMENTS // (int(np.prod(variable.shape)) // rows))
+        done = []
+        for chunk, start in enumerate(range(0, rows, step)):
+            part = slice(start, min(rows, start + step))
+            seed = tf.stack([tf.cast(self.iterations, tf.int32), tf.constant(2 * (index * 4096 + chunk), tf.int32)])
+            with tf.control_dependencies(done):
+                low = targets[1][part] if targets[1] is not None else tf.zeros((), tf.uint16)
+                out = fn(variable[part], low, targets[2][part], targets[3][part], gradient[part], scalars, seed)
+                done = [t[part].assign(o) for t, o in zip(targets, out) if t is not None]
+        return done
+
+
+@keras.saving.register_keras_serializable(package="keras_amp")
+class LeanAdamW(LeanAdam):
+    """`LeanAdam` with `keras.optimizers.AdamW`'s default decoupled weight decay (0.004)."""
+
+    def __init__(self, *args, weight_decay: float = 0.004, **kwargs):
+        weight_decay = validation.check_float("weight_decay", weight_decay, min_value=0.0)
+        super().__init__(*args, weight_decay=weight_decay, **kwargs)

@@ -1,0 +1,122 @@
+"""keras_amp.memory.prepare (memory/frozen.py): frozen weights stored in the dtype their layer reads them in."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import keras
+import keras_amp
+from keras_amp import memory
+from keras_amp.policy import AmpWarning
+
+X = np.random.RandomState(0).randn(64, 16).astype("float32")
+Y = np.random.RandomState(1).randn(64, 4).astype("float32")
+
+
+def _model():
+    keras.utils.set_random_seed(1)
+    return keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
+                             keras.layers.BatchNormalization(), keras.layers.LayerNormalization(),
+                             keras.layers.Dense(32), keras.layers.Dense(4)])
+
+
+def _lora_fit(mode, freeze_after_compile=False, epochs=3):
+    keras_amp.enable("mixed_bfloat16", frozen_weights=mode)
+    model = _model()
+    if not freeze_after_compile:
+        model.layers[0].enable_lora(2)
+        model.layers[3].trainable = False
+    model.compile(keras.optimizers.Adam(1e-2), "mse")
+    if freeze_after_compile:
+        model.layers[0].enable_lora(2)
+        model.layers[3].trainable = False
+    history = model.fit(X, Y, batch_size=16, epochs=epochs, verbose=0, shuffle=False)
+    return model, history.history["loss"]
+
+
+@pytest.mark.parametrize("freeze_after_compile", [False, True])
+def test_frozen_weights_in_16bit_give_bit_identical_training(freeze_after_compile):
+    ref_model, ref = _lora_fit("float32", freeze_after_compile)
+    ref_weights = [v.numpy() for v in ref_model.weights]
+    keras_amp.disable()
+    model, got = _lora_fit("compute", freeze_after_compile)
+    assert got == ref
+    dense, bn, ln = model.layers[0], model.layers[1], model.layers[2]
+    assert memory.storage_dtype(dense._kernel) == "bfloat16"  # frozen by enable_lora
+    assert {memory.storage_dtype(v) for v in (dense.lora_kernel_a, dense.lora_kernel_b, dense.bias)} == {"float32"}
+    # Statistics a layer updates itself, and float32 islands, stay float32.
+    assert memory.storage_dtype(bn.moving_mean) == "float32"
+    assert memory.storage_dtype(ln.gamma) == "float32"
+    assert {memory.storage_dtype(v) for v in model.layers[3].weights} == {"bfloat16"}  # frozen Dense
+    # Trained weights and statistics end equal; frozen ones are the 16-bit rounding of the float32 ones.
+    for a, b in zip(model.weights, ref_weights):
+        want = b.astype(a.numpy().dtype) if memory.storage_dtype(a) == "bfloat16" else b
+        np.testing.assert_array_equal(a.numpy(), want, err_msg=a.path)
+
+
+def test_frozen_bytes_halve_and_float32_mode_or_disabled_keeps_float32():
+    model, _ = _lora_fit("compute", epochs=1)
+    kernel = model.layers[0]._kernel
+    assert memory.storage_dtype(kernel) == "bfloat16"
+    assert memory.variable_bytes([kernel]) == 16 * 32 * 2
+    keras_amp.disable()
+    model, _ = _lora_fit("float32", epochs=1)
+    assert memory.storage_dtype(model.layers[0]._kernel) == "float32"
+    keras_amp.disable()
+    plain = _model()
+    plain.layers[0].trainable = False
+    assert not memory.prepare(plain).changed  # keras_amp off: nothing to store in 16 bits
+
+
+def test_save_writes_the_16bit_values_and_a_float32_model_loads_them(tmp_path):
+    model, _ = _lora_fit("compute", epochs=1)
+    path = str(tmp_path / "m.weights.h5")
+    model.save_weights(path)
+    keras_amp.disable()
+    plain = _model()
+    plain.layers[0].enable_lora(2)
+    plain.load_weights(path)
+    kernel = plain.layers[3].kernel  # frozen: saved as its 16-bit value
+    assert kernel.dtype == "float32"
+    np.testing.assert_array_equal(kernel.numpy(), np.asarray(model.layers[3].kernel.numpy(), np.float32))
+
+
+def test_restore_frozen_float32_from_the_pretrained_file_keeps_trained_adapters(tmp_path):
+    keras_amp.enable("mixed_bfloat16")
+    model = _model()
+    model(X[:1])
+    pretrained = str(tmp_path / "pretrained.weights.h5")
+    model.save_weights(pretrained)
+    original = model.layers[0].kernel.numpy().copy()
+    model.layers[0].enable_lora(2)
+    model.compile(keras.optimizers.Adam(1e-2), "mse")
+    model.fit(X, Y, batch_size=16, epochs=1, verbose=0)
+    adapters = model.layers[0].lora_kernel_b.numpy().copy()
+    assert np.abs(adapters).max() > 0
+    restored = memory.restore_frozen_float32(model, pretrained)
+    assert restored == [model.layers[0]._kernel.path]
+    assert memory.storage_dtype(model.layers[0]._kernel) == "float32"
+    np.testing.assert_array_equal(model.layers[0]._kernel.numpy(), original)
+    np.testing.assert_array_equal(model.layers[0].lora_kernel_b.numpy(), adapters)
+
+
+def test_unfreezing_goes_back_to_float32_with_a_warning():
+    model, _ = _lora_fit("compute", epochs=1)
+    model.layers[3].trainable = True
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        done = memory.prepare(model)
+    assert model.layers[3].kernel.path in done.back_to_float32
+    assert memory.storage_dtype(model.layers[3].kernel) == "float32"
+    assert any(issubclass(w.category, AmpWarning) and "float32 storage" in str(w.message) for w in caught)
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="model"):
+        memory.prepare("not a model")
+    with pytest.raises(ValueError, match="frozen_weights"):
+        memory.prepare(_model(), frozen_weights="bf16")
+    with pytest.raises(ValueError, match="frozen_weights"):
+        keras_amp.enable("mixed_bfloat16", frozen_weights="half")
+    assert keras_amp.config() is None or not getattr(keras_amp.config(), "enabled", False)
