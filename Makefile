@@ -10,7 +10,7 @@ PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=
 QUICK ?=
 BENCH_ARGS ?=
 
-.PHONY: test demo doctor bench clean
+.PHONY: test demo doctor bench pictures clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,14 @@ doctor: $(STAMP)
 
 bench: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=2 QUICK=$(QUICK) $(PY) benchmarks/run_all.py $(BENCH_ARGS)
+
+# README's pictures, docs/*.png, at small settings (a few minutes): the demo's, a QUICK=1
+# benchmark's (its report to a temporary folder, not benchmarks/RESULTS.md) and a precision plan.
+pictures: $(STAMP)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) examples/demo.py --epochs=4 --steps_per_epoch=20 --width=64 --depth=2 \
+		--verbose=0 --plot_file=docs/demo.png
+	TF_CPP_MIN_LOG_LEVEL=2 QUICK=1 $(PY) benchmarks/run_all.py --results "$$(mktemp -d)/RESULTS.md" --plot docs/bench.png
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) docs/plan_example.py docs/plan.png
 
 clean:
 	rm -rf $(VENV) .pytest_cache *.egg-info

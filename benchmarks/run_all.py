@@ -1,6 +1,6 @@
 """keras_amp's benchmark suite: step time and peak memory of three workloads, one table.
 
-    python benchmarks/run_all.py                  # the recorded figures, written to benchmarks/RESULTS.md
+    python benchmarks/run_all.py                  # the recorded figures: benchmarks/RESULTS.md and .png
     QUICK=1 python benchmarks/run_all.py          # fewer blocks and steps (< 3 minutes)
     python benchmarks/run_all.py --smoke          # tiny sizes: checks that everything runs
 
@@ -35,6 +35,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import plot_table  # noqa: E402
 import workloads  # noqa: E402
 
 # Targets of issue 10 (keras_amp vs stock mixed on the same model, this CPU).
@@ -311,14 +312,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-loss-scale", action="store_true")
     parser.add_argument("--results", help="write the report here (default: benchmarks/RESULTS.md, except --smoke)")
     parser.add_argument("--json", help="also write every raw result here")
+    plot_table.add_arguments(parser)
     args = parser.parse_args(argv)
     quick = args.quick or os.environ.get("QUICK", "").strip() not in ("", "0")
     mode = "smoke" if args.smoke else "quick" if quick else "full"
-    m = dict(MODES[mode])
-    m["blocks"] = args.blocks or m["blocks"]
-    m["steps"] = args.steps or m["steps"]
-    MODES[mode] = m
+    m = MODES[mode] = dict(MODES[mode], blocks=args.blocks or MODES[mode]["blocks"], steps=args.steps or MODES[mode]["steps"])
     args.workloads = args.workloads or list(m["workloads"] or workloads.WORKLOADS)
+    results_path = args.results or (None if args.smoke else str(ROOT / "benchmarks" / "RESULTS.md"))
+    plot_path = plot_table.planned_path(parser, args, results_path)
     load_start = _load()
     device = _device()
     policies = tuple(args.policies) if args.policies else default_policies(device)
@@ -385,10 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + text, flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"time": results, "memory": memory, "loss_scale": loss_scale}, indent=1))
-    results = args.results or (None if args.smoke else str(ROOT / "benchmarks" / "RESULTS.md"))
-    if results:
-        Path(results).write_text(RESULTS_HEADER + text + "\n")
-        print(f"written to {results}")
+    if results_path:
+        Path(results_path).write_text(RESULTS_HEADER + text + "\n")
+        print(f"written to {results_path}")
+    plot_table.write(plot_path, results, memory, loss_scale, text.splitlines()[:3])
     return 1 if failed else 0
 
 

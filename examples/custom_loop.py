@@ -70,8 +70,8 @@ def train_epoch(trainer, epoch: int) -> dict[str, float]:
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
         _STEPS[id(trainer)] = (make_train_step(model, optimizer), writer, checkpoint)
     train_step, writer, checkpoint = _STEPS[id(trainer)]
-    print(f"Epoch {epoch + 1}/{settings.epochs}")
-    bar = keras.utils.Progbar(settings.steps_per_epoch, verbose=settings.verbose)
+    # "batch loss" is the last step's; "loss" and "accuracy" are means over the epoch so far, as in fit.
+    bar = keras.utils.Progbar(settings.steps_per_epoch, verbose=settings.verbose, stateful_metrics=["batch loss"])
     losses, accuracies = [], []
     for x, y in trainer.data.train.take(settings.steps_per_epoch):
         start = time.perf_counter()
@@ -80,7 +80,7 @@ def train_epoch(trainer, epoch: int) -> dict[str, float]:
         trainer.timer.times.append(time.perf_counter() - start)
         losses.append(loss)
         accuracies.append(accuracy)
-        bar.add(1, [("loss", loss), ("accuracy", accuracy)])
+        bar.add(1, [("batch loss", loss), ("loss", loss), ("accuracy", accuracy)])
     logs = {"loss": sum(losses) / len(losses), "accuracy": sum(accuracies) / len(accuracies)}
     if isinstance(optimizer, keras_amp.LossScaleOptimizer):
         # Optimizer variables: checkpointed with the model, the same on every replica.

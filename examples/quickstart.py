@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from absl import app, flags
 
+import common  # noqa: F401  (keeps TensorFlow's start-up banner off the output; see common/__init__.py)
+
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("policy", "auto", ["auto", "mixed_float16", "mixed_bfloat16", "float32"], "Precision policy.")
 flags.DEFINE_integer("epochs", 2, "Training epochs.", lower_bound=1)
@@ -44,7 +46,7 @@ def main(argv):
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     history = model.fit(x, y, batch_size=64, epochs=FLAGS.epochs, steps_per_epoch=FLAGS.steps_per_epoch,
                         callbacks=[keras_amp.callbacks.LossScaleMonitor()], verbose=2)
-    print(keras_amp.check_model(model))
+    print(keras_amp.check_model(model, x[:8]))  # audits the ops on real inputs (default: a batch of ones)
     print(f"final loss {history.history['loss'][-1]:.3f}, accuracy {history.history['accuracy'][-1]:.3f}")
     keras_amp.disable()
 

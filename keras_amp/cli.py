@@ -33,6 +33,10 @@ def _one_line(e: BaseException) -> str:
     return user_site.one_line(e)
 
 
+def _not_a_file(path: str) -> str:
+    return f"a folder, not a file: {path}" if os.path.isdir(path) else f"no such file: {path}"
+
+
 # The first bytes of the files Keras loads: a .keras archive is a zip, a legacy model HDF5.
 _ZIP, _HDF5 = b"PK\x03\x04", b"\x89HDF\r\n\x1a\n"
 
@@ -41,7 +45,7 @@ def _load_batch(path: str):
     import numpy as np
 
     if not os.path.isfile(path):
-        raise _BadInput(f"--batch: no such file: {path}")
+        raise _BadInput(f"--batch: {_not_a_file(path)}")
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
@@ -64,7 +68,7 @@ def _load_model(path: str, policy: str | None):
         except (TypeError, ValueError) as e:
             raise _BadInput(f"--policy: {e}") from e
     if not os.path.isfile(path):
-        raise _BadInput(f"no such file: {path}")
+        raise _BadInput(_not_a_file(path))
     with open(path, "rb") as f:
         head = f.read(8)
     if not (head.startswith(_ZIP) or head.startswith(_HDF5)):
@@ -169,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     doctor = sub.add_parser("doctor", help="report versions, devices, oneDNN, TF32 and the policy 'auto' would pick")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
-    doctor.set_defaults(func=_doctor)
+    doctor.set_defaults(func=_doctor, parser=doctor)
 
     check = sub.add_parser(
         "check", help="mixed-precision findings for a saved model; with --batch, where it overflows",
@@ -186,17 +190,25 @@ def build_parser() -> argparse.ArgumentParser:
                        help="fraction of a layer's gradient elements underflowed to zero or subnormal that counts as a "
                        "finding (default 0.5)")
     check.add_argument("--json", action="store_true", help="print the result as JSON")
-    check.set_defaults(func=_check)
+    check.set_defaults(func=_check, parser=check)
 
-    trouble = sub.add_parser("troubleshoot", help="print the symptom decision tree")
-    trouble.add_argument("symptom", nargs="?", default=None, help="one symptom (default: all)")
+    from keras_amp.diagnostics import symptoms
+
+    trouble = sub.add_parser(
+        "troubleshoot", help="print the symptom decision tree", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Prints the decision tree from a symptom to what to do. Symptoms:\n"
+        + "\n".join(f"  {s.name:<18} {s.title}" for s in symptoms.SYMPTOMS))
+    trouble.add_argument("symptom", nargs="?", default=None,
+                         help="one of the symptoms above (default: all)")
     trouble.add_argument("--markdown", action="store_true", help="as the README's troubleshooting section")
-    trouble.set_defaults(func=_troubleshoot)
+    trouble.set_defaults(func=_troubleshoot, parser=trouble)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:  # said by the command's parser, with its usage, not the top-level one
+        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     return args.func(args)
 
 

@@ -1,9 +1,17 @@
 """Device capability: what the machine can do fast. Observes only; decides nothing.
 
-`detect()` reads the devices TensorFlow sees, the CPU flags and whether oneDNN is on.
+`detect()` reads the devices TensorFlow sees, the CPU's name and flags and whether oneDNN is on.
 It lists *physical* devices only, so it never initialises the TensorFlow runtime:
 logical-device configuration (used for multi-replica CPU tests) can still follow.
 Tests build a `DeviceInfo` by hand to exercise every branch of policy selection.
+
+Where each fact comes from, asked in this order (`detect_cpu`):
+- GPUs, TPUs and oneDNN: TensorFlow (`tf.config`, and its build's oneDNN query).
+- CPU flags: TensorFlow 2.21 has no query for them (its CPU feature guard only logs the
+  features its build does not use), so numpy's run-time dispatch is asked: numpy, which
+  TensorFlow depends on, reads them from the CPU itself (cpuid) on Linux, macOS and Windows.
+- CPU name: the operating system (sysctl on macOS, the registry on Windows).
+- Last, Linux's /proc/cpuinfo: the CPU name there, and the flags numpy does not name (AMX).
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ import dataclasses
 import importlib
 import os
 import platform
+import subprocess
 
 from keras_amp import validation
 
@@ -20,6 +29,16 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 FP16_CPU_FLAGS = ("avx512_fp16", "amx_fp16")
 RELEVANT_CPU_FLAGS = BF16_CPU_FLAGS + FP16_CPU_FLAGS + ("avx512f", "amx_tile", "avx2", "fma", "f16c")
 
+
+# numpy's names for them (`__cpu_features__`, detected at run time) -> the /proc/cpuinfo names used here.
+NUMPY_FLAGS = {"AVX512BF16": "avx512_bf16", "AVX512FP16": "avx512_fp16", "AVX512F": "avx512f",
+               "AVX2": "avx2", "FMA3": "fma", "F16C": "f16c"}
+# Where numpy 2 (first) and numpy 1 keep that table.
+NUMPY_CPU_QUERY = ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath")
+# Linux's CPU description: read last.
+CPUINFO = "/proc/cpuinfo"
+# Windows keeps the CPU's name here (HKEY_LOCAL_MACHINE).
+WINDOWS_CPU_KEY = r"HARDWARE\DESCRIPTION\System\CentralProcessor\0"
 
 # The module TensorFlow 2.21 answers "built with oneDNN?" from; no public query exists.
 ONEDNN_QUERY = "tensorflow.python.util._pywrap_util_port"
@@ -104,6 +123,14 @@ class DeviceInfo:
         cap = self.min_compute_capability
         return cap is not None and cap >= (7, 0)
 
+    def tensor_cores(self, dtype: str) -> bool:
+        """Whether every GPU has tensor cores for `dtype` matmuls (float16: compute capability
+        >= 7.0, bfloat16: >= 8.0), where dimensions that are multiples of 8 decide their use.
+        False on a CPU or TPU, and for float32."""
+        cap = self.min_compute_capability
+        needed = {"float16": (7, 0), "bfloat16": (8, 0)}.get(str(dtype))
+        return needed is not None and cap is not None and cap >= needed
+
     @property
     def fast_bfloat16(self) -> bool:
         cap = self.min_compute_capability
@@ -129,8 +156,9 @@ class DeviceInfo:
         return f"CPU ({self.cpu_model or 'unknown model'}; {flags or 'no bf16/fp16 flags'}; {onednn})"
 
 
-def read_cpuinfo(path: str = "/proc/cpuinfo") -> tuple[str, frozenset[str]]:
-    """Model name and the relevant flags from a Linux cpuinfo file; empty elsewhere."""
+def read_cpuinfo(path: str = CPUINFO) -> tuple[str, frozenset[str]]:
+    """Model name (else `platform.processor()`) and the relevant flags from a Linux cpuinfo file;
+    no flags where there is none."""
     model, flags = "", frozenset()
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -145,6 +173,49 @@ def read_cpuinfo(path: str = "/proc/cpuinfo") -> tuple[str, frozenset[str]]:
         elif key in ("flags", "Features") and not flags:
             flags = frozenset(value.split()) & frozenset(RELEVANT_CPU_FLAGS)
     return model or platform.processor(), flags
+
+
+def numpy_cpu_flags() -> frozenset[str] | None:
+    """The relevant CPU flags numpy detected at run time (on every OS); None where numpy has no table."""
+    for name in NUMPY_CPU_QUERY:
+        try:
+            features = importlib.import_module(name).__cpu_features__
+        except (ImportError, AttributeError):
+            continue
+        return frozenset(ours for theirs, ours in NUMPY_FLAGS.items() if features.get(theirs))
+    return None
+
+
+def platform_cpu_model() -> str:
+    """The CPU's name from the operating system: sysctl on macOS, the registry on Windows; "" elsewhere."""
+    system = platform.system()
+    if system == "Darwin":
+        try:
+            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True,
+                                 text=True, timeout=10, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return out.stdout.strip() if out.returncode == 0 else ""
+    if system == "Windows":
+        try:
+            import winreg
+
+            with winreg.OpenKey(winreg.HKEY_LOCAL_MACHINE, WINDOWS_CPU_KEY) as key:
+                return str(winreg.QueryValueEx(key, "ProcessorNameString")[0]).strip()
+        except (ImportError, OSError):
+            return ""
+    return ""
+
+
+def detect_cpu(cpuinfo: str | None = None) -> tuple[str, frozenset[str]]:
+    """(CPU name, relevant flags), asked in the module docstring's order; the cpuinfo file
+    (`cpuinfo`, default `CPUINFO`) last.
+
+    The flags are numpy's and the file's together (the file adds AMX); the name is the operating
+    system's, else the file's, else `platform.processor()`.
+    """
+    file_model, file_flags = read_cpuinfo(CPUINFO if cpuinfo is None else cpuinfo)
+    return platform_cpu_model() or file_model, (numpy_cpu_flags() or frozenset()) | file_flags
 
 
 def onednn_enabled() -> bool | None:
@@ -178,7 +249,7 @@ def detect() -> DeviceInfo:
     """Observes this machine's devices without initialising the TensorFlow runtime."""
     import tensorflow as tf
 
-    model, flags = read_cpuinfo()
+    model, flags = detect_cpu()
     return DeviceInfo(
         gpus=_gpu_infos(),
         tpu_count=len(tf.config.list_physical_devices("TPU")),

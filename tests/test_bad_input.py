@@ -88,7 +88,37 @@ def _with(fn, **defaults):
     return lambda **kw: fn(**{**defaults, **kw})
 
 
+def _dense():
+    layer = keras.layers.Dense(2)
+    layer.build((None, 2))
+    return layer
+
+
+def _float32_weights(**kw):
+    with keras_amp.memory.float32_weights(**{"model": _dense(), **kw}):
+        pass
+
+
 API = {
+    # memory
+    "memory.prepare": (keras_amp.memory.prepare, _with(keras_amp.memory.prepare, model=_dense())),
+    "restore_frozen_float32": (keras_amp.memory.restore_frozen_float32,
+                               _with(keras_amp.memory.restore_frozen_float32, model=_dense())),
+    "float32_weights": (keras_amp.memory.float32_weights, _float32_weights),
+    "save_float32_weights": (keras_amp.memory.save_float32_weights,
+                             _with(keras_amp.memory.save_float32_weights, model=_dense(), filepath="x.weights.h5")),
+    "set_storage": (keras_amp.memory.set_storage,
+                    lambda **kw: keras_amp.memory.set_storage(**{"variable": _dense().kernel, "dtype": "bfloat16", **kw})),
+    "state_bytes": (keras_amp.memory.state_bytes, _with(keras_amp.memory.state_bytes, model=_dense())),
+    "storage_dtype": (keras_amp.memory.storage_dtype, keras_amp.memory.storage_dtype),
+    "variable_bytes": (keras_amp.memory.variable_bytes, keras_amp.memory.variable_bytes),
+    "frozen_16bit": (keras_amp.memory.frozen_16bit, keras_amp.memory.frozen_16bit),
+    "LeanAdam": (keras_amp.optimizers.LeanAdam, keras_amp.optimizers.LeanAdam),
+    "UpdateLossProbe": (keras_amp.diagnostics.UpdateLossProbe,
+                        _with(keras_amp.diagnostics.UpdateLossProbe, model=_dense(), optimizer=keras.optimizers.SGD())),
+    "LeanAdamW": (keras_amp.optimizers.LeanAdamW, keras_amp.optimizers.LeanAdamW),
+    # pictures
+    "plot_precision_plan": (keras_amp.plot_precision_plan, _with(keras_amp.plot_precision_plan, model=_model())),
     # core
     "enable": (keras_amp.enable, _with(keras_amp.enable, policy="float32", device=PLAIN_CPU)),
     "AmpConfig": (policy.AmpConfig, _with(policy.AmpConfig, **CONFIG)),
@@ -200,7 +230,7 @@ EXCLUDED = {
     "keras_amp.auto_precision.Errors", "keras_amp.auto_precision.FallbackDecision",
     "keras_amp.auto_precision.InferenceExport", "keras_amp.auto_precision.LayerDecision",
     "keras_amp.auto_precision.PrecisionChange", "keras_amp.auto_precision.SearchResult",
-    "keras_amp.optimizers.ScaleState", "keras_amp.optimizers.TierValues",
+    "keras_amp.optimizers.ScaleState", "keras_amp.optimizers.TierValues", "keras_amp.memory.Prepared",
     "keras_amp.distribute.local_cluster.WorkerResult", "keras_amp.model_graph.Graph",
     # A marker base class without arguments (isinstance test for float32 islands).
     "keras_amp.model_graph.Float32Island",
@@ -227,13 +257,55 @@ ANY_VALUE = {
 PUBLIC_MODULES = (
     "keras_amp", "keras_amp.distribute", "keras_amp.distribute.local_cluster", "keras_amp.layers",
     "keras_amp.callbacks", "keras_amp.diagnostics", "keras_amp.auto_precision", "keras_amp.recipes",
-    "keras_amp.model_graph", "keras_amp.layer_kinds", "keras_amp.optimizers",
+    "keras_amp.model_graph", "keras_amp.layer_kinds", "keras_amp.optimizers", "keras_amp.memory",
 )
 
 
 NAN, INF = float("nan"), float("inf")
 BAD = [
+    # pictures
+    ("plot_precision_plan", "model", "m", TypeError),
+    ("plot_precision_plan", "model", keras.Sequential([keras.layers.Dense(4)]), ValueError),  # not built
+    ("plot_precision_plan", "path", 5, TypeError),
+    ("plot_precision_plan", "recipe", "cnnn", ValueError),
+    ("plot_precision_plan", "rules", {"d1": "float32"}, ValueError),  # rules without a recipe
+    # keras_amp.memory
+    ("memory.prepare", "model", "model", TypeError),
+    ("memory.prepare", "optimizer", "adam", TypeError),
+    ("memory.prepare", "frozen_weights", "bfloat16", ValueError),
+    ("restore_frozen_float32", "model", None, TypeError),
+    ("restore_frozen_float32", "weights_path", 3, TypeError),
+    ("restore_frozen_float32", "weights_path", "/nonexistent/w.weights.h5", FileNotFoundError),
+    ("float32_weights", "model", [], TypeError),
+    ("float32_weights", "optimizer", "adam", TypeError),
+    ("save_float32_weights", "model", "m", TypeError),
+    ("save_float32_weights", "filepath", 5, TypeError),
+    ("save_float32_weights", "optimizer", "adam", TypeError),
+    ("set_storage", "variable", np.zeros(2), TypeError),
+    ("set_storage", "dtype", "int8", ValueError),
+    ("set_storage", "value", np.zeros((3, 3), "float32"), ValueError),
+    ("state_bytes", "model", "m", TypeError),
+    ("state_bytes", "optimizer", "adam", TypeError),
+    ("storage_dtype", "variable", "kernel", TypeError),
+    ("variable_bytes", "variables", "kernel", TypeError),
+    ("variable_bytes", "variables", [np.zeros(2)], TypeError),
+    ("frozen_16bit", "model", 1, TypeError),
+    ("check_model", "loss", 3, TypeError),
+    ("check_model", "loss", "bogus", ValueError),
+    ("check_model", "device", "gpu", TypeError),
+    ("search_precision", "verbose", "loud", TypeError),
+    ("search_precision", "verbose", 3, ValueError),
+    ("UpdateLossProbe", "model", "m", TypeError),
+    ("UpdateLossProbe", "optimizer", "sgd", TypeError),
+    ("LeanAdam", "compensation", "exact", ValueError),
+    ("LeanAdam", "jit_update", "yes", TypeError),
+    ("LeanAdam", "compensation", 1, TypeError),
+    ("LeanAdam", "moments", "float16", ValueError),
+    ("LeanAdamW", "weight_decay", -1.0, ValueError),
+    ("LeanAdamW", "weight_decay", "0.1", TypeError),
     # enable()
+    ("enable", "frozen_weights", "bf16", ValueError),
+    ("enable", "frozen_weights", None, TypeError),
     ("enable", "policy", "bogus", ValueError),
     ("enable", "policy", 16, TypeError),
     ("enable", "policy", keras.DTypePolicy("float16"), ValueError),
@@ -243,10 +315,12 @@ BAD = [
     ("enable", "xla_scores", "yes", TypeError),
     ("enable", "xla_scores", None, TypeError),
     # AmpConfig
+    ("AmpConfig", "frozen_weights", "half", ValueError),
     ("AmpConfig", "policy", "bogus", ValueError),
     ("AmpConfig", "policy", None, TypeError),
     ("AmpConfig", "compute_dtype", "bfloat16", ValueError),
     ("AmpConfig", "xla_scores", 1, TypeError),
+    ("AmpConfig", "enabled", "no", TypeError),
     ("AmpConfig", "variable_dtype", "float16", ValueError),
     ("AmpConfig", "loss_scaling", "yes", TypeError),
     ("AmpConfig", "loss_scaling", False, ValueError),
@@ -520,7 +594,12 @@ BAD = [
     ("Logits", "activation", "bogus", ValueError),
     ("Logits", "activation", 3, TypeError),
     # callbacks
-    ("LossScaleMonitor", "log_every", "10", TypeError),
+    ("LossScaleMonitor", "update_freq", "10", TypeError),
+    ("LossScaleMonitor", "update_freq", 0, ValueError),
+    ("LossScaleMonitor", "counters_in_logs", "yes", TypeError),
+    ("LossScaleMonitor", "update_loss_every", 0, ValueError),
+    ("LossScaleMonitor", "update_loss_every", "5", TypeError),
+    ("LossScaleMonitor", "log_every", "10", TypeError),  # the deprecated names are still checked
     ("LossScaleMonitor", "log_every", 0, ValueError),
     ("LossScaleMonitor", "check_every", 0, ValueError),
     ("LossScaleMonitor", "check_every", 1.5, TypeError),
@@ -539,7 +618,9 @@ BAD = [
     ("LossScaleMonitor", "step_time_factor", None, TypeError),
     ("LossScaleMonitor", "log_dir", 3, TypeError),
     ("GradientStatistics", "probe", [1, 2], TypeError),
-    ("GradientStatistics", "every_n_steps", 0, ValueError),
+    ("GradientStatistics", "update_freq", 0, ValueError),
+    ("GradientStatistics", "update_freq", "100", TypeError),
+    ("GradientStatistics", "every_n_steps", 0, ValueError),  # the deprecated name is still checked
     ("GradientStatistics", "every_n_steps", "100", TypeError),
     ("GradientStatistics", "loss", 3, TypeError),
     ("GradientStatistics", "threshold", 1.5, ValueError),
@@ -637,9 +718,9 @@ GOOD = [
     ("per_replica_batch_size", "global_batch_size", np.int32(16)),
     ("prepare", "per_replica_batch_size", np.int64(2)),
     ("tf_config", "index", np.int64(1)),
-    ("LossScaleMonitor", "log_every", np.int64(10)),
+    ("LossScaleMonitor", "update_freq", np.int64(10)),
     ("LossScaleMonitor", "val_swing", np.float32(0.25)),
-    ("GradientStatistics", "every_n_steps", np.int32(5)),
+    ("GradientStatistics", "update_freq", np.int32(5)),
     ("RMSNormalization", "axis", np.int64(-1)),
     ("RMSNormalization", "epsilon", np.float32(1e-5)),
     ("LSTM", "units", np.int64(3)),
@@ -732,4 +813,4 @@ def test_a_failed_enable_leaves_nothing_behind():
         if name == "enable":
             with pytest.raises((TypeError, ValueError)):
                 API["enable"][1](**{argument: value})
-    assert keras_amp.config() is None and keras.config.dtype_policy().name == before
+    assert not keras_amp.config().enabled and keras.config.dtype_policy().name == before

@@ -1,8 +1,10 @@
-"""The benchmark suite runs end to end (smoke mode: tiny sizes, no figure asserted)."""
+"""The benchmark suite runs end to end (smoke mode: tiny sizes, no figure asserted), and draws its picture."""
 
+import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -51,6 +53,31 @@ def test_suite_prints_the_table(tmp_path):
     written = (tmp_path / "RESULTS.md").read_text()
     assert written.startswith("# Benchmark results") and "| transformer | amp_bf16 |" in written
     assert (results.read_bytes() if results.exists() else None) == before  # only where --results says
+    # The picture beside the report, from the same raw results; plot_table.py redraws it from --json.
+    assert f"picture: {tmp_path / 'RESULTS.png'}" in out
+    assert_png(tmp_path / "RESULTS.png")
+    import plot_table  # noqa: PLC0415  (benchmarks/ is on sys.path above)
+
+    raw = json.loads((tmp_path / "raw.json").read_text())
+    figure = plot_table.plot(raw["time"], raw["memory"], raw["loss_scale"], ["smoke"], tmp_path / "again.png")
+    assert_png(tmp_path / "again.png")
+    time_ax, peak_ax, rss_ax = figure.axes
+    assert len(time_ax.patches) == len(raw["time"]["transformer"]["configs"]) == 4
+    heights = [p.get_height() for p in time_ax.patches]
+    assert heights[0] == 1.0 and all(h > 0 for h in heights)  # float32 / float32, then the others' ratios
+    assert [p.get_height() for p in peak_ax.patches] == [m["tf_peak_mib"] for m in raw["memory"]["transformer"].values()]
+
+
+def assert_png(path):
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000, (path, len(data))
+
+
+def test_picture_needs_a_measurement():
+    import plot_table  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match="`results` or `memory` must hold a measured workload"):
+        plot_table.plot({}, {}, None, ["nothing"])
 
 
 def _planned_runs(argv):
@@ -65,8 +92,9 @@ def _planned_runs(argv):
         return None  # no measurement: only which configurations would run
 
     run_all._child = fake_child
-    try:
-        run_all.main(argv)
+    try:  # the (empty) report goes to a temporary folder, not benchmarks/RESULTS.md
+        with tempfile.TemporaryDirectory() as tmp:
+            run_all.main([*argv, "--results", os.path.join(tmp, "RESULTS.md")])
     except SystemExit:
         pass
     finally:

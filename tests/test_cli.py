@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -185,3 +186,37 @@ def test_non_finite_batch_is_a_finding_that_says_repair_the_data(tmp_path, capsy
     np.savez(batch, x=x, y=np.ones((16, 1), "float32"))
     code, out, _ = _run(capsys, "check", path, "--batch", batch)
     assert code == cli.CLEAN, out
+
+
+def test_troubleshoot_help_lists_every_symptom(capsys):
+    from keras_amp.diagnostics import symptoms
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["troubleshoot", "--help"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0
+    assert len(symptoms.SYMPTOMS) >= 5  # guard: the table is there
+    for symptom in symptoms.SYMPTOMS:
+        assert re.search(rf"^  {symptom.name} +{re.escape(symptom.title)}$", out, re.M), (symptom.name, out)
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["check", "--bogus", "model.keras"], "keras-amp check: error: unrecognized arguments: --bogus"),
+    (["troubleshoot", "non_finite_loss", "extra"], "keras-amp troubleshoot: error: unrecognized arguments: extra"),
+    (["doctor", "--jsn"], "keras-amp doctor: error: unrecognized arguments: --jsn"),
+    (["check", "model.keras", "--underflow", "half"], "keras-amp check: error: argument --underflow: invalid float"),
+    (["chek"], "keras-amp: error: argument command: invalid choice: 'chek'"),
+])
+def test_a_wrong_argument_is_named_by_its_command(capsys, argv, said):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == cli.BAD_INPUT and said in err, err
+    assert err.startswith(f"usage: keras-amp {argv[0]}" if argv[0] != "chek" else "usage: keras-amp [-h]"), err
+
+
+def test_a_folder_is_not_a_model_file(tmp_path, capsys):
+    code, _, err = _run(capsys, "check", str(tmp_path))
+    assert code == cli.BAD_INPUT and err == f"keras-amp check: a folder, not a file: {tmp_path}\n", err
+    code, _, err = _run(capsys, "check", str(tmp_path / "missing.keras"), "--batch", str(tmp_path))
+    assert code == cli.BAD_INPUT and err == f"keras-amp check: --batch: a folder, not a file: {tmp_path}\n", err

@@ -1,7 +1,9 @@
 """keras_amp.hardware: observation only, injectable."""
 
 import platform
+import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -51,8 +53,9 @@ def test_onednn_env_var_turns_it_off(monkeypatch, value):
 
 def test_detect_agrees_with_its_sources():
     device = hardware.detect()
-    model, flags = hardware.read_cpuinfo()
+    model, flags = hardware.detect_cpu()
     assert device.cpu_flags == flags and device.cpu_model == model
+    assert device.cpu_flags >= (hardware.numpy_cpu_flags() or frozenset()) | hardware.read_cpuinfo()[1]
     assert device.onednn_enabled is hardware.onednn_enabled()
     assert device.tpu_count == len(tf.config.list_physical_devices("TPU"))
     assert len(device.gpus) == len(tf.config.list_physical_devices("GPU"))
@@ -147,3 +150,91 @@ def test_numpy_and_list_inputs_are_canonicalised():
     device = DeviceInfo(gpus=[gpu], tpu_count=np.int64(0), cpu_flags=["avx2"], onednn_enabled=np.bool_(True))
     assert device.gpus == (gpu,) and device.cpu_flags == frozenset({"avx2"}) and device.onednn_enabled is True
     hash(device)  # still usable as a dict key: frozen fields are hashable
+
+
+LINUX = platform.system() == "Linux" and hardware.read_cpuinfo()[1]
+
+
+@pytest.mark.skipif(not LINUX, reason="compares numpy's CPU detection with Linux's /proc/cpuinfo")
+def test_numpy_detection_agrees_with_proc_cpuinfo():
+    # Two independent readers of the same CPU: numpy (cpuid) and the kernel's flags line.
+    _, proc = hardware.read_cpuinfo()
+    assert hardware.numpy_cpu_flags() == proc & frozenset(hardware.NUMPY_FLAGS.values())
+    assert "avx2" in proc or "avx2" not in hardware.numpy_cpu_flags()  # guard: a real flag was compared
+
+
+def _no_proc_cpuinfo(monkeypatch, tmp_path):
+    monkeypatch.setattr(hardware, "CPUINFO", str(tmp_path / "absent"))  # as on macOS and Windows
+
+
+def test_without_proc_cpuinfo_the_flags_come_from_the_cpu_itself(monkeypatch, tmp_path):
+    _, proc = hardware.read_cpuinfo()
+    _no_proc_cpuinfo(monkeypatch, tmp_path)
+    device = hardware.detect()
+    assert device.cpu_flags == hardware.numpy_cpu_flags()
+    if LINUX:  # what Linux says, minus the flags only the file names (AMX); the decision stays
+        assert device.cpu_flags == proc & frozenset(hardware.NUMPY_FLAGS.values())
+        with_file = DeviceInfo(cpu_flags=proc, onednn_enabled=device.onednn_enabled)
+        assert device.fast_bfloat16 == with_file.fast_bfloat16
+
+
+def test_windows_names_the_cpu_from_the_registry(monkeypatch, tmp_path):
+    _no_proc_cpuinfo(monkeypatch, tmp_path)
+    opened = []
+
+    class Key:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def open_key(root, path):
+        opened.append((root, path))
+        return Key()
+
+    winreg = types.SimpleNamespace(HKEY_LOCAL_MACHINE="HKLM", OpenKey=open_key,
+                                   QueryValueEx=lambda key, name: ({"ProcessorNameString": "Intel(R) Xeon(R) w5-3425 "}[name], 1))
+    monkeypatch.setitem(sys.modules, "winreg", winreg)
+    monkeypatch.setattr(platform, "system", lambda: "Windows")
+    model, flags = hardware.detect_cpu()
+    assert model == "Intel(R) Xeon(R) w5-3425" and opened == [("HKLM", hardware.WINDOWS_CPU_KEY)]
+    assert flags == hardware.numpy_cpu_flags()
+
+
+def test_macos_names_the_cpu_from_sysctl(monkeypatch, tmp_path):
+    _no_proc_cpuinfo(monkeypatch, tmp_path)
+    calls = []
+
+    def run(cmd, **kwargs):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, stdout="Apple M2 Pro\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(platform, "system", lambda: "Darwin")
+    assert hardware.detect_cpu()[0] == "Apple M2 Pro"
+    assert calls == [["sysctl", "-n", "machdep.cpu.brand_string"]]
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "no"))
+    assert hardware.detect_cpu()[0] == platform.processor()  # sysctl failed: the last fallback
+
+
+def test_without_numpy_table_proc_cpuinfo_alone_answers(monkeypatch, tmp_path):
+    for name in hardware.NUMPY_CPU_QUERY:
+        monkeypatch.setitem(sys.modules, name, None)  # import now raises ImportError
+    assert hardware.numpy_cpu_flags() is None
+    path = tmp_path / "cpuinfo"
+    path.write_text(CPUINFO)
+    assert hardware.detect_cpu(str(path)) == ("AMD EPYC 9R14 96-Core Processor",
+                                               frozenset({"avx2", "fma", "avx512f", "avx512_bf16", "f16c"}))
+
+
+def test_tensor_cores_only_on_gpus_that_have_them_for_the_dtype():
+    cpu = DeviceInfo(cpu_flags=frozenset({"avx512_bf16", "amx_bf16"}), onednn_enabled=True)
+    assert not cpu.tensor_cores("bfloat16") and not cpu.tensor_cores("float16")
+    assert not DeviceInfo(tpu_count=8).tensor_cores("bfloat16")
+    t4, a100 = GpuInfo("T4", (7, 5)), GpuInfo("A100", (8, 0))
+    assert DeviceInfo(gpus=(t4,)).tensor_cores("float16") and not DeviceInfo(gpus=(t4,)).tensor_cores("bfloat16")
+    assert DeviceInfo(gpus=(a100,)).tensor_cores("bfloat16") and not DeviceInfo(gpus=(a100,)).tensor_cores("float32")
+    assert not DeviceInfo(gpus=(a100, t4)).tensor_cores("bfloat16")  # the weakest GPU decides
+    assert not DeviceInfo(gpus=(GpuInfo("P100", (6, 0)),)).tensor_cores("float16")
+    assert not DeviceInfo(gpus=(GpuInfo("?", None),)).tensor_cores("float16")

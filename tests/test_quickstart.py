@@ -1,5 +1,6 @@
 """examples/quickstart.py: the README quick start runs end to end on real text (short)."""
 
+import ast
 import math
 import os
 import subprocess
@@ -9,6 +10,30 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _keras_amp_calls(source: str) -> dict[str, list[str]]:
+    """{"keras_amp.check_model": ["model", "x[:8]"], ...}: each keras_amp call and its arguments."""
+    calls = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and ast.unparse(node.func).startswith("keras_amp."):
+            calls[ast.unparse(node.func)] = [ast.unparse(a) for a in node.args + node.keywords]
+    return calls
+
+
+def test_quickstart_makes_the_calls_of_the_readme_quick_start():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Quick start"):]
+    snippet = section[section.index("```python") + len("```python"):section.index("```", section.index("```python") + 3)]
+    documented = _keras_amp_calls(snippet)
+    script = _keras_amp_calls((ROOT / "examples" / "quickstart.py").read_text())
+    assert {"keras_amp.enable", "keras_amp.apply_recipe", "keras_amp.check_model"} <= set(documented)  # guard
+    for call, arguments in documented.items():
+        assert call in script, f"README's quick start calls {call}; examples/quickstart.py does not"
+        if call != "keras_amp.enable":  # README: the default ("auto"); the script: --policy, default "auto"
+            assert script[call] == arguments, (call, arguments, script[call])
+    assert script["keras_amp.enable"] == ["FLAGS.policy"]
+    assert 'DEFINE_enum("policy", "auto"' in (ROOT / "examples" / "quickstart.py").read_text()
 
 
 @pytest.mark.parametrize("policy", ["auto", "mixed_bfloat16", "float32"])

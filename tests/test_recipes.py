@@ -653,3 +653,19 @@ def test_build_time_constants_follow_the_new_policy(adapted):
     assert norm.dtype_policy.name == "float32"
     ref = (x.astype(np.float64) - mean) / np.sqrt(variance)
     np.testing.assert_allclose(np.asarray(norm(x), np.float64), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_stock_in_place_setter_keeps_the_16bit_constants_built_before():
+    # Stock Keras's way to a per-layer policy on a built model is its setter, which leaves what
+    # build() cast to the old compute dtype as it was: the outputs stay bfloat16-rounded (apply_recipe
+    # recomputes them: test_build_time_constants_follow_the_new_policy). Otherwise: rebuild the model.
+    keras_amp.enable("mixed_bfloat16")
+    mean, variance = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225]) ** 2
+    norm = keras.layers.Normalization(mean=mean, variance=variance, name="norm")
+    inp = keras.Input((4, 4, 3))
+    keras.Model(inp, keras.layers.Conv2D(2, 1, name="conv")(norm(inp)))
+    norm.dtype_policy = "float32"  # stock
+    x = np.random.default_rng(0).uniform(0, 1, (2, 4, 4, 3)).astype("float32")
+    ref = (x.astype(np.float64) - mean) / np.sqrt(variance)
+    assert norm.compute_dtype == "float32"  # guard: the policy did change
+    assert np.abs(np.asarray(norm(x), np.float64) - ref).max() > 1e-3  # the bfloat16 mean (0.484375) is kept

@@ -16,6 +16,9 @@ from common.trainer import Settings, Trainer
 
 
 def _child(conn, settings: Settings, policy: str, label: str) -> None:
+    import common
+
+    common.import_tensorflow_quietly()  # a spawned process: absl's app.run did not start it
     try:
         trainer = Trainer(settings, policy, label=label)
         conn.send(("ready", None))
@@ -70,6 +73,7 @@ class _Remote:
 def run(settings: Settings, configs: list[tuple[str, str]]) -> list[dict[str, Any]]:
     """Trains each `(label, policy)` for `settings.epochs` epochs; returns their results in order."""
     runs: list = []
+    print(f"TensorBoard logs and checkpoints: {settings.model_dir}", flush=True)
     try:
         if len(configs) == 1:
             runs.append(Trainer(settings, configs[0][1], label=configs[0][0]))
@@ -100,7 +104,7 @@ def _fmt(value, spec: str, unit: str = "") -> str:
 
 def summary(results: list[dict[str, Any]]) -> str:
     """A table of the runs, the speed-up and memory ratio against the float32 run, and the checks."""
-    rows = [("run", "policy", "eval loss", "eval acc", "train loss", "median step", "peak RSS+", "TF alloc peak")]
+    rows = [("run", "policy", "eval loss", "eval acc", "train loss (last epoch mean)", "median step", "peak RSS+", "TF alloc peak")]
     for r in results:
         rows.append((r["label"], r["policy"], _fmt(r["eval_loss"], ".4f"), _fmt(r["eval_accuracy"], ".4f"),
                      _fmt(r["train_loss"], ".4f"), _fmt(r["median_step_s"] and 1e3 * r["median_step_s"], ".1f", " ms"),

@@ -6,7 +6,8 @@ Software Foundation licence). It ships with every CPython, so the examples train
 on a fresh machine without a download. Bytes are the tokens (vocabulary 256); the last 10% of
 the text is held out for evaluation.
 
-Through tensorflow-datasets (downloaded on first use, so the network must be there):
+Through tensorflow-datasets (downloaded on first use, so the network must be there; offline,
+`prepare` says so within seconds, before any download starts):
 
     tiny_shakespeare                   character-level language modelling (like "pydoc")
     imdb_reviews                       text classification (positive/negative), byte tokens
@@ -19,9 +20,17 @@ gives the same batches in every run, which is what the float32 comparison relies
 from __future__ import annotations
 
 import dataclasses
+import socket
+import threading
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import tensorflow as tf
+
+if TYPE_CHECKING:  # TensorFlow loads with the data, not with the flags (`--help` stays instant)
+    import tensorflow as tf
 
 OFFLINE = ("pydoc",)
 TFDS_LM = ("tiny_shakespeare",)
@@ -31,6 +40,13 @@ DATASETS = OFFLINE + TFDS_LM + tuple(TFDS_TEXT_CLASSES) + tuple(TFDS_IMAGE_CLASS
 TEXT_DATASETS = OFFLINE + TFDS_LM + tuple(TFDS_TEXT_CLASSES)
 VOCAB = 256  # byte tokens
 EVAL_FRACTION = 0.1
+# Where tensorflow-datasets' own files live; reachable means "online" for the fast offline check.
+PROBE_HOST, PROBE_PORT = "storage.googleapis.com", 443
+PROBE_TIMEOUT_S = 5.0
+
+
+class DataUnavailable(RuntimeError):
+    """A tensorflow-datasets set that is not on disk and cannot be downloaded now."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +100,8 @@ def _split_lm(window):
 
 
 def _stream(ds: tf.data.Dataset, batch_size: int, seed: int, size: int) -> tf.data.Dataset:
+    import tensorflow as tf
+
     # cache -> shuffle(seed) -> repeat: a fixed, seeded order; cheap after the first pass.
     return (ds.cache().shuffle(max(size, 1), seed=seed, reshuffle_each_iteration=True).repeat()
             .batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
@@ -91,6 +109,8 @@ def _stream(ds: tf.data.Dataset, batch_size: int, seed: int, size: int) -> tf.da
 
 def _lm_data(name: str, train_text: str, eval_text: str, source: str, *, seq_len: int,
              batch_size: int, seed: int) -> Data:
+    import tensorflow as tf
+
     train = _lm_windows(_byte_tokens(train_text), seq_len)
     held_out = _lm_windows(_byte_tokens(eval_text), seq_len)
     train_ds = _stream(tf.data.Dataset.from_tensor_slices(train).map(_split_lm), batch_size, seed, len(train))
@@ -99,10 +119,100 @@ def _lm_data(name: str, train_text: str, eval_text: str, source: str, *, seq_len
                 f"{source}: {len(train)} training and {len(held_out)} held-out windows of {seq_len} bytes")
 
 
+def _unreachable(host: str, port: int, timeout: float) -> str | None:
+    """None when a TCP connection to `host:port` opens within `timeout` seconds, else why not.
+
+    The connection runs in a thread: a DNS lookup without an answer can block for much longer
+    than `timeout` (the resolver's own retries), and the caller must not wait for it.
+    """
+    outcome: list[str | None] = []
+
+    def connect():
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            outcome.append(None)
+        except OSError as e:
+            outcome.append(f"{type(e).__name__}: {e}")
+
+    thread = threading.Thread(target=connect, name="network-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return outcome[0] if outcome else f"no answer within {timeout:g} s"
+
+
+def _probe_address() -> tuple[str, int]:
+    """The HTTPS proxy when one is configured (downloads go through it), else `PROBE_HOST`."""
+    proxy = urllib.request.getproxies().get("https")
+    if proxy:
+        parsed = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        if parsed.hostname:
+            return parsed.hostname, parsed.port or 80
+    return PROBE_HOST, PROBE_PORT
+
+
+def _partial_files(root: Path) -> set[Path]:
+    """tensorflow-datasets' unfinished downloads (*.tmp.*) and preparations (incomplete.*)."""
+    if not root.is_dir():
+        return set()
+    return {p for pattern in ("**/*.tmp.*", "**/incomplete.*") for p in root.glob(pattern)}
+
+
+def _remove(paths) -> None:
+    import shutil
+
+    for path in sorted(paths, key=lambda p: len(p.parts), reverse=True):
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.exists():
+            path.unlink()
+
+
+def prepare(name: str, data_dir: str | None = None) -> None:
+    """Makes sure tensorflow-datasets set `name` is on disk: downloads it when it is not.
+
+    Offline, fails within `PROBE_TIMEOUT_S` seconds (a TCP connection to tensorflow-datasets'
+    host, or to the HTTPS proxy, before the download starts) instead of after the downloader's
+    retries. A failed download removes the partial files it left. "pydoc" needs nothing.
+
+    Raises:
+        DataUnavailable: the set is not on disk and cannot be downloaded now; the message says
+            what to do instead.
+    """
+    if name not in DATASETS:
+        raise ValueError(f"Unknown `dataset`. Received: dataset={name!r}. Allowed: {', '.join(DATASETS)}")
+    if name in OFFLINE:
+        return
+    import tensorflow_datasets as tfds
+
+    builder = tfds.builder(name, data_dir=data_dir)
+    # is_prepared() logs a warning for a folder without dataset_info.json: look first.
+    if (Path(builder.data_dir) / "dataset_info.json").exists() and builder.is_prepared():
+        return
+    root = Path(builder.data_dir_root)
+    offline = (f"The offline default is --dataset=pydoc (Python's documentation text, no download). "
+               f"To use {name} offline, download it where there is a network: python -c \"import "
+               f"tensorflow_datasets as tfds; tfds.builder('{name}', data_dir='DIR').download_and_prepare()\", "
+               f"then copy DIR here and pass --data_dir=DIR.")
+    host, port = _probe_address()
+    problem = _unreachable(host, port, PROBE_TIMEOUT_S)
+    if problem is not None:
+        raise DataUnavailable(f"--dataset={name} is not in {root} and the network is unreachable "
+                              f"({host}:{port}: {problem}). {offline}")
+    before = _partial_files(root)
+    try:
+        builder.download_and_prepare()
+    except Exception as e:  # network, disk or checksum: the download did not finish
+        _remove(_partial_files(root) - before)
+        reason = " ".join(str(e).split())[:300]
+        raise DataUnavailable(f"--dataset={name}: the download into {root} failed ({type(e).__name__}: "
+                              f"{reason}); its partial files are removed. {offline}") from e
+
+
 def _tfds_load(name: str, split: str, data_dir: str | None):
     import tensorflow_datasets as tfds
 
-    return tfds.load(name, split=split, data_dir=data_dir, shuffle_files=False)
+    prepare(name, data_dir)
+    return tfds.load(name, split=split, data_dir=data_dir, shuffle_files=False, download=False)
 
 
 def _tfds_text(name: str, split: str, data_dir: str | None) -> str:
@@ -112,12 +222,16 @@ def _tfds_text(name: str, split: str, data_dir: str | None) -> str:
 
 def _bytes_fixed(text, seq_len: int):
     """A string tensor -> `seq_len` byte tokens (truncated, zero-padded)."""
+    import tensorflow as tf
+
     tokens = tf.cast(tf.io.decode_raw(tf.strings.substr(text, 0, seq_len), tf.uint8), tf.int32)
     return tf.pad(tokens, [[0, seq_len - tf.shape(tokens)[0]]])
 
 
 def _text_classes(name: str, *, seq_len: int, batch_size: int, seed: int, data_dir: str | None,
                   max_examples: int | None) -> Data:
+    import tensorflow as tf
+
     def encode(example):
         tokens = tf.ensure_shape(_bytes_fixed(example["text"], seq_len), (seq_len,))
         return tokens, tf.cast(example["label"], tf.int32)
@@ -133,6 +247,8 @@ def _text_classes(name: str, *, seq_len: int, batch_size: int, seed: int, data_d
 
 
 def _images(name: str, *, batch_size: int, seed: int, data_dir: str | None, max_examples: int | None) -> Data:
+    import tensorflow as tf
+
     def encode(example):
         return tf.cast(example["image"], tf.float32) / 255.0, tf.cast(example["label"], tf.int32)
 

@@ -5,23 +5,32 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 
 from absl import flags
 
 from common import data as data_lib
 
+# `define()` declares its flags on behalf of the example that calls it. Without this line absl
+# counts them as this module's, and an example's `--help` (its main module's flags) lists none.
+flags.disclaim_key_flags()
+
 FLAGS = flags.FLAGS
 POLICIES = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
 TIERS = ("auto", "none", "small", "medium", "large")
+MODEL_DIR_BASE = os.path.join(tempfile.gettempdir(), "keras_amp_examples")
+NAMES: tuple[str, ...] = ()  # the flags `define()` declared
 
 
 def define(*, dataset: str = "pydoc", datasets=data_lib.DATASETS, epochs: int, batch_size: int,
            steps_per_epoch: int, seq_len: int = 128, width: int, depth: int, learning_rate: float = 1e-3) -> None:
     """Defines the flags every example takes, with that example's defaults."""
+    global NAMES
+    before = set(FLAGS)
     flags.DEFINE_enum("policy", "auto", POLICIES, "Precision policy; auto picks by hardware.")
     flags.DEFINE_enum("dataset", dataset, list(datasets),
                       "Data set: pydoc is offline (Python's documentation text); the others come "
-                      "through tensorflow-datasets (network on first use).")
+                      "through tensorflow-datasets (downloaded into --data_dir on first use).")
     flags.DEFINE_integer("epochs", epochs, "Training epochs.", lower_bound=1)
     flags.DEFINE_integer("batch_size", batch_size, "Global batch size.", lower_bound=1)
     flags.DEFINE_integer("steps_per_epoch", steps_per_epoch, "Steps per epoch.", lower_bound=1)
@@ -32,8 +41,9 @@ def define(*, dataset: str = "pydoc", datasets=data_lib.DATASETS, epochs: int, b
     flags.DEFINE_enum("tier", "auto", TIERS, "Loss-scale tier under mixed_float16 (none: Keras defaults).")
     flags.DEFINE_bool("compare_float32", False,
                       "Also train the float32 twin on the same data and seed, and print both.")
-    flags.DEFINE_string("model_dir", os.path.join(tempfile.gettempdir(), "keras_amp_examples"),
-                        "Checkpoints and TensorBoard logs go to <model_dir>/<run>/.")
+    flags.DEFINE_string("model_dir", None,
+                        "Checkpoints and TensorBoard logs go to <model_dir>/<example>/<run>/ (default: a new "
+                        f"folder per run, {os.path.join(MODEL_DIR_BASE, '<example>', '<time>-<pid>')}).")
     flags.DEFINE_integer("seed", 0, "Random seed (weights and data order).")
     flags.DEFINE_integer("eval_steps", None, "Held-out batches to evaluate (default: all).", lower_bound=1)
     flags.DEFINE_integer("max_examples", None, "Training examples of a tfds classification set (default: all).",
@@ -41,18 +51,40 @@ def define(*, dataset: str = "pydoc", datasets=data_lib.DATASETS, epochs: int, b
     flags.DEFINE_string("data_dir", None, "tensorflow-datasets data directory.")
     flags.DEFINE_bool("show_plan", False, "Print keras_amp.plan_recipe: each layer's policy and why.")
     flags.DEFINE_string("results_file", None, "Also write the runs' figures to this JSON file.")
-    flags.DEFINE_integer("verbose", 1, "Keras fit verbosity (1: progress bar, 2: one line per epoch).")
+    flags.DEFINE_integer("verbose", 1, "0: no progress, 1: progress bar, 2: one line per epoch. (keras_amp's "
+                         "own log lines: absl's --verbosity=0.)", lower_bound=0, upper_bound=2)
+    NAMES = tuple(sorted(set(FLAGS) - before))
+
+
+def run_dir(name: str, model_dir: str | None) -> str:
+    """Where example `name` writes: <model_dir>/<name>, or (model_dir None) a new folder for this run.
+
+    By default two runs at once, or one after the other, then never overwrite each other's logs
+    and checkpoints.
+    """
+    if model_dir:
+        return os.path.join(model_dir, name)
+    return os.path.join(MODEL_DIR_BASE, name, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+
+
+def prepare_data() -> None:
+    """Downloads --dataset if needed; offline, exits within seconds with one message saying what to do."""
+    try:
+        data_lib.prepare(FLAGS.dataset, FLAGS.data_dir)
+    except data_lib.DataUnavailable as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def settings(family: str, recipe: str, name: str, **overrides):
-    """`Settings` from the parsed flags; runs go to <model_dir>/<name>-<label>."""
+    """`Settings` from the parsed flags, the data set on disk; runs go to `run_dir(name)`/<label>."""
     from common.trainer import Settings
 
+    prepare_data()
     values = dict(
         family=family, recipe=recipe, dataset=FLAGS.dataset, epochs=FLAGS.epochs, batch_size=FLAGS.batch_size,
         steps_per_epoch=FLAGS.steps_per_epoch, seq_len=FLAGS.seq_len, width=FLAGS.width, depth=FLAGS.depth,
         learning_rate=FLAGS.learning_rate, tier=None if FLAGS.tier == "none" else FLAGS.tier, seed=FLAGS.seed,
-        model_dir=os.path.join(FLAGS.model_dir, name), eval_steps=FLAGS.eval_steps,
+        model_dir=run_dir(name, FLAGS.model_dir), eval_steps=FLAGS.eval_steps,
         max_examples=FLAGS.max_examples, data_dir=FLAGS.data_dir, verbose=FLAGS.verbose,
         show_plan=FLAGS.show_plan)
     values.update(overrides)

@@ -1,44 +1,44 @@
-"""TensorBoard scalar logs without the tensorboard package.
+"""TensorBoard logs of the examples: Keras's TensorBoard callback, and `tf.summary` for the custom loop.
 
-`keras.callbacks.TensorBoard` needs the `tensorboard` package for `tf.summary.scalar`, and
-keras_amp does not depend on it. TensorFlow's own `tf.summary.write` with the scalars plugin's
-metadata writes the same event files; `pip install tensorboard; tensorboard --logdir DIR`
-shows them.
+Both need the `tensorboard` package (TensorFlow 2.21 no longer installs it; `make` installs it
+with the test extra). Without it the examples train as usual and say once that they write no
+TensorBoard logs, and how to get them.
 """
 
 from __future__ import annotations
 
-import keras
-import tensorflow as tf
-from tensorflow.core.framework import summary_pb2
+import importlib.util
 
-_SCALAR = summary_pb2.SummaryMetadata(
-    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
-    data_class=summary_pb2.DATA_CLASS_SCALAR,
-)
+_SAID = []
+
+
+def available() -> bool:
+    """Whether TensorBoard logs can be written; the first time it is False, says so on stdout."""
+    if importlib.util.find_spec("tensorboard") is not None:
+        return True
+    if not _SAID:
+        _SAID.append(True)
+        print("TensorBoard logs: not written (the tensorboard package is not installed: pip install tensorboard)",
+              flush=True)
+    return False
+
+
+def callbacks(log_dir: str) -> list:
+    """[keras.callbacks.TensorBoard] writing each epoch's logs under `log_dir`, or [] without tensorboard."""
+    import keras
+
+    if not available():
+        return []
+    return [keras.callbacks.TensorBoard(log_dir, write_graph=False)]
 
 
 def write_scalars(writer, values: dict, step: int, prefix: str = "") -> None:
-    """Writes each finite number in `values` as a TensorBoard scalar at `step`."""
+    """Writes each number in `values` as a TensorBoard scalar at `step` (nothing without tensorboard)."""
+    import tensorflow as tf
+
+    if not available():
+        return
     with writer.as_default():
         for key, value in values.items():
-            try:
-                number = float(value)
-            except (TypeError, ValueError):
-                continue
-            tf.summary.write(prefix + key, tf.constant(number, tf.float32), step=step, metadata=_SCALAR)
+            tf.summary.scalar(prefix + key, float(value), step=step)
     writer.flush()
-
-
-class ScalarLogs(keras.callbacks.Callback):
-    """Writes every `fit` epoch's logs (loss, accuracy, loss scale, ...) as `epoch_<name>` scalars."""
-
-    def __init__(self, log_dir: str):
-        super().__init__()
-        self.log_dir = log_dir
-        self._writer = None
-
-    def on_epoch_end(self, epoch, logs=None):
-        if self._writer is None:
-            self._writer = tf.summary.create_file_writer(self.log_dir)
-        write_scalars(self._writer, logs or {}, epoch, prefix="epoch_")

@@ -122,6 +122,42 @@ def _StopAfterEpoch():
     return StopAfterEpoch()
 
 
+def progress_bar(label: str | None = None):
+    """Keras's progress bar with one epoch header, "[label] epoch i/n", or none (`common.compare` prints it)."""
+    import keras
+
+    class Progress(keras.callbacks.ProgbarLogger):
+        def set_params(self, params):
+            super().set_params(params)
+            self.total_epochs = params["epochs"]
+            self.epochs = 1  # ProgbarLogger uses `epochs` only for its "Epoch i/n" line, not printed for one
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if label is not None:
+                print(f"[{label}] epoch {epoch + 1}/{self.total_epochs}", flush=True)
+            super().on_epoch_begin(epoch, logs)
+
+    return Progress()
+
+
+def evaluate(model, dataset, loss_fn, eval_steps: int | None = None) -> dict[str, float]:
+    """Held-out loss and accuracy of `model` on `dataset` (float32 loss on float32 logits)."""
+    import keras
+    import numpy as np
+
+    losses, correct, count = [], 0, 0
+    for step, (x, y) in enumerate(dataset):
+        if eval_steps is not None and step >= eval_steps:
+            break
+        logits = keras.ops.cast(model(x, training=False), "float32")
+        losses.append(float(keras.ops.mean(loss_fn(y, logits))) * int(np.prod(y.shape)))
+        hits = keras.ops.equal(keras.ops.cast(keras.ops.argmax(logits, -1), "int32"), keras.ops.cast(y, "int32"))
+        correct += int(keras.ops.sum(keras.ops.cast(hits, "int32")))
+        count += int(np.prod(y.shape))
+    return {"eval_loss": sum(losses) / max(count, 1), "eval_accuracy": correct / max(count, 1),
+            "eval_batches": len(losses)}
+
+
 class Trainer:
     """Sets up one configuration under `policy`; `run_epoch()` trains one epoch; `finish()` reports."""
 
@@ -131,19 +167,20 @@ class Trainer:
         import keras_amp
         from common import data as data_lib
         from common import models
-        from common.scalar_logs import ScalarLogs
+        from common import scalar_logs
 
         self.settings, self.label = settings, label
         self.memory = Memory()
         self.memory.start()
         self.config = keras_amp.enable(policy)
+        print(f"[{label}] policy {self.config.policy}: {self.config.reason}", flush=True)
         self.data = data_lib.load(settings.dataset, seq_len=settings.seq_len, batch_size=settings.batch_size,
                                   seed=settings.seed, data_dir=settings.data_dir,
                                   max_examples=settings.max_examples)
         keras.utils.set_random_seed(settings.seed)  # same initial weights in every configuration
         model = models.build(settings.family, self.data, width=settings.width, depth=settings.depth)
         if self.config.compute_dtype != "float32":
-            if settings.show_plan:
+            if settings.show_plan:  # apply_recipe logs the same plan at INFO (absl's --verbosity=0)
                 print(keras_amp.plan_recipe(model, settings.recipe), flush=True)
             # Per-layer policies: float32 islands where 16 bits is unsafe.
             model = keras_amp.apply_recipe(model, settings.recipe)
@@ -159,14 +196,16 @@ class Trainer:
             model.compile(optimizer=self.optimizer, loss=self.loss_fn, metrics=["accuracy"])
             self.callbacks = [
                 self.timer.callback,
-                ScalarLogs(os.path.join(self.log_dir, "logs")),
+                *scalar_logs.callbacks(os.path.join(self.log_dir, "logs")),
                 keras.callbacks.ModelCheckpoint(os.path.join(self.log_dir, "checkpoint.weights.h5"),
                                                 save_weights_only=True),
             ]
             if isinstance(self.optimizer, keras_amp.LossScaleOptimizer):
-                # loss_scale / overflow_count in the progress bar and the scalar logs.
-                self.callbacks.insert(1, keras_amp.callbacks.LossScaleMonitor())
-        self.report = keras_amp.check_model(model)
+                # The loss scale and overflow counters: in TensorBoard beside the loss (see README).
+                self.callbacks.insert(1, keras_amp.callbacks.LossScaleMonitor(
+                    log_dir=os.path.join(self.log_dir, "logs", "train") if scalar_logs.available() else None))
+            self.callbacks.append(progress_bar())  # last, like Keras's own: it shows what the others logged
+        self.report = keras_amp.check_model(model, loss=self.loss_fn)  # float32 CE from 16-bit logits: safe
 
     def run_epoch(self, epoch: int) -> dict[str, float]:
         """Trains epoch `epoch` (0-based) and returns its logs."""
@@ -187,19 +226,7 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Held-out loss and accuracy (float32 loss on float32 logits)."""
-        import keras
-        import numpy as np
-
-        losses, correct, count = [], 0, 0
-        for step, (x, y) in enumerate(self.data.eval):
-            if self.settings.eval_steps is not None and step >= self.settings.eval_steps:
-                break
-            logits = keras.ops.cast(self.model(x, training=False), "float32")
-            losses.append(float(keras.ops.mean(self.loss_fn(y, logits))) * int(np.prod(y.shape)))
-            hits = keras.ops.equal(keras.ops.cast(keras.ops.argmax(logits, -1), "int32"), keras.ops.cast(y, "int32"))
-            correct += int(keras.ops.sum(keras.ops.cast(hits, "int32")))
-            count += int(np.prod(y.shape))
-        return {"eval_loss": sum(losses) / max(count, 1), "eval_accuracy": correct / max(count, 1)}
+        return evaluate(self.model, self.data.eval, self.loss_fn, self.settings.eval_steps)
 
     def finish(self) -> dict[str, Any]:
         """The run's figures; disables keras_amp."""

@@ -58,7 +58,7 @@ class ProgressivePrecision(keras.callbacks.Callback):
 
     Example:
         >>> result = keras_amp.search_precision(model, ds)
-        >>> schedule = ProgressivePrecision.from_search(result, at=8, top=2)
+        >>> schedule = ProgressivePrecision.from_search(result, at=8)  # its float32 layers from epoch 8
         >>> model.fit(ds, epochs=10, callbacks=[schedule])
     """
 
@@ -91,14 +91,27 @@ class ProgressivePrecision(keras.callbacks.Callback):
         self._epoch_start_step = 0
 
     @classmethod
-    def from_search(cls, result: SearchResult, *, at: int, top: int = 1, unit: str = "epoch") -> "ProgressivePrecision":
-        """Raises the `top` most sensitive layers the search left in 16 bits to float32 at `at`."""
+    def from_search(cls, result: SearchResult, *, at: int, top: int | None = None,
+                    unit: str = "epoch") -> "ProgressivePrecision":
+        """Raises the layers the search keeps in float32 at `at`, after training them in 16 bits until then.
+
+        Only the search's float32 layers (`result.float32_layers`), most sensitive first; `top`
+        (Int or None, default None: all of them) takes the first `top`. Apply the schedule to the
+        model as the search measured it, not after `result.apply(model)` (then they are float32
+        from the start). A search that kept no layer in float32 leaves nothing to raise: a
+        ValueError says so.
+        """
         validation.check_type("result", result, SearchResult, "a keras_amp SearchResult")
-        top = validation.check_int("top", top, min_value=1)
-        left = [d for d in sorted(result.layers, key=lambda d: d.sensitivity.loss, reverse=True) if d.decision != FLOAT32]
-        if not left:
-            raise ValueError("The search already keeps every candidate layer in float32: nothing to raise.")
-        return cls({at: [re.escape(d.path) for d in left[:top]]}, unit=unit)
+        if top is not None:
+            top = validation.check_int("top", top, min_value=1)
+        # result.layers is in the search's order: worst first (loss, then gradient, then output error).
+        kept = [d.path for d in result.layers if d.decision == FLOAT32]
+        if not kept:
+            raise ValueError(
+                f"`result` keeps no layer in float32 (every one of its {len(result.layers)} candidates is within "
+                f"tolerance={result.tolerance:g} in 16 bits): nothing to raise. Received: result.float32_layers=(). "
+                "Allowed: a result with float32 layers, or name the layers: ProgressivePrecision({at: [...]})")
+        return cls({at: [re.escape(p) for p in kept[:top]]}, unit=unit)
 
     def set_model(self, model):
         super().set_model(model)

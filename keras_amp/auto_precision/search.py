@@ -12,6 +12,10 @@ Estimator ("demote one, then promote greedily"), on `batches` batches, inference
     passes(config) = loss and gradients finite, relative loss error <= tolerance and, when
                      given, relative gradient error <= gradient_tolerance
 
+Candidates: the layers computing in 16 bits that cost something themselves, weights or
+floating-point work of their own in one traced forward pass (`layer_cost`): Dropout at inference
+and Activation("relu") compute nothing a float32 policy could change, and are left out.
+
 Forward/backward passes per batch: 1 (float32 reference) + 1 (as is) + N (one per candidate)
 + ceil(log2(N + 1)) (prefix search) + k (pruning), N candidates and k chosen layers. Demoting one
 layer at a time measures each layer's own error without the others' noise; the prefix search then
@@ -33,7 +37,8 @@ import tensorflow as tf
 
 from keras_amp import validation
 from keras_amp.op_rules.table import LOW_PRECISION as LOW
-from keras_amp.auto_precision import _policies
+from keras_amp.auto_precision import _policies, layer_cost
+from keras_amp.auto_precision.progress import Progress
 
 FLOAT32 = "float32"
 
@@ -59,8 +64,8 @@ class LayerDecision:
         path: String. The layer's path.
         layer_class: String. Its class name.
         sensitivity: `Errors` of the model with this layer alone in 16 bits.
-        cost_share: Float. Its share of the candidates' weight elements (a proxy for its share of
-            multiply-adds: exact for dense layers applied per token, a lower bound for convolutions).
+        cost_share: Float. Its share of the candidates' floating-point operations in one traced
+            forward pass (multiply-adds for matmuls and convolutions; `layer_cost`).
         decision: String. "float32" or the compute policy it keeps.
         reason: String. Why.
     """
@@ -78,7 +83,8 @@ class SearchResult:
     """The outcome of `search_precision`.
 
     `rules` maps an exact-path regex to "float32" for every chosen layer: the form
-    `apply_recipe(..., rules=...)` takes.
+    `apply_recipe(..., rules=...)` takes. `left_out` are the 16-bit layers that were no candidates:
+    no weights and no floating-point work of their own.
     """
 
     rules: dict[str, str]
@@ -90,6 +96,7 @@ class SearchResult:
     passes_per_batch: int
     batches: int
     seconds: float
+    left_out: tuple[str, ...] = ()
 
     def apply(self, model: keras.Model) -> keras.Model:
         """Sets the chosen layers of `model` to float32 in place; returns `model`."""
@@ -98,7 +105,8 @@ class SearchResult:
 
     def __str__(self) -> str:
         lines = [
-            f"search_precision: {len(self.float32_layers)} float32 layer(s) of {len(self.layers)} candidates, "
+            f"search_precision: {len(self.float32_layers)} float32 layer(s) of {len(self.layers)} candidates "
+            f"({len(self.left_out)} layer(s) without weights or floating-point work of their own left out), "
             f"{self.passes_per_batch} forward/backward passes x {self.batches} batch(es) in {self.seconds:.1f} s",
             f"  as is: loss error {self.errors_as_is.loss:.3g}, gradient error {self.errors_as_is.gradient:.3g}; "
             f"chosen: loss error {self.errors_final.loss:.3g}, gradient error {self.errors_final.gradient:.3g} "
@@ -200,6 +208,7 @@ def search_precision(
     batches: int = 2,
     loss: Any = None,
     candidates: Iterable[str] | None = None,
+    verbose: int | str = "auto",
 ) -> SearchResult:
     """Finds the smallest set of layers to keep in float32 (see the module docstring for the rule).
 
@@ -217,7 +226,9 @@ def search_precision(
         loss: A loss (name, `keras.losses.Loss` or callable(y_true, y_pred)) or None for the
             model's compiled loss.
         candidates: Iterable of path regexes or None: the layers that may change (default:
-            every layer computing in 16 bits).
+            every layer computing in 16 bits that has weights or floating-point work of its own).
+        verbose: "auto" (default, 1), 0, 1 or 2, as in `fit`. 0: silent; 1: a progress bar over
+            the forward/backward passes; 2: one line per pass, naming what it measured.
 
     Returns:
         A `SearchResult`; the model's policies are as they were.
@@ -233,6 +244,13 @@ def search_precision(
     if gradient_tolerance is not None:
         gradient_tolerance = validation.check_float("gradient_tolerance", gradient_tolerance, min_value=0.0)
     batches = validation.check_int("batches", batches, min_value=1)
+    if isinstance(verbose, str) and verbose == "auto":
+        verbose = 1
+    elif isinstance(verbose, bool) or not isinstance(verbose, int):
+        raise TypeError(f'`verbose` must be "auto", 0, 1 or 2, as in `fit`. Received: verbose={verbose!r} '
+                        f"of type {type(verbose).__name__}")
+    elif verbose not in (0, 1, 2):
+        raise ValueError(f'`verbose` must be "auto", 0, 1 or 2, as in `fit`. Received: verbose={verbose!r}')
     patterns = None
     if candidates is not None:
         if isinstance(candidates, str):
@@ -247,13 +265,19 @@ def search_precision(
         if policy is not None:
             _policies.set_policies(model, {p: policy for p, l in layers.items() if l.compute_dtype in LOW})
         current = _policies.policy_names(model)
-        pool = [p for p, l in layers.items() if l.compute_dtype in LOW and (patterns is None or _matches(p, patterns))]
+        flops = layer_cost.layer_flops(model, keras.utils.unpack_x_y_sample_weight(data_batches[0])[0])
+        sixteen = [p for p, l in layers.items() if l.compute_dtype in LOW and (patterns is None or _matches(p, patterns))]
+        pool = [p for p in sixteen if layer_cost.costs_something(layers[p], flops.get(p, 0))]
+        left_out = tuple(p for p in sixteen if p not in pool)
         all32 = {p: FLOAT32 for p in current}
+        progress = Progress(verbose, len(pool), len(left_out), len(data_batches))
 
-        def measure(float32_paths: Iterable[str]) -> Errors:
+        def measure(float32_paths: Iterable[str], what: str) -> Errors:
             chosen = set(float32_paths)
             _policies.set_policies(model, {p: (FLOAT32 if p in chosen else current[p]) for p in current})
-            return _errors(_run(model, data_batches, loss_fn), ref)
+            errors = _errors(_run(model, data_batches, loss_fn), ref)
+            progress.step(what, errors)
+            return errors
 
         def ok(errors: Errors) -> bool:
             return errors.finite and errors.loss <= tolerance and (
@@ -263,12 +287,13 @@ def search_precision(
         ref = _run(model, data_batches, loss_fn)
         if not all(math.isfinite(r[0]) for r in ref):
             raise ValueError("The all-float32 model gives a non-finite loss on `data`: nothing to compare against.")
+        progress.step("every layer float32 (the reference)", None)
         passes = 1
-        as_is = measure([])
+        as_is = measure([], "the model as it is")
         passes += 1
         sens = {}
         for path in pool:
-            sens[path] = measure([p for p in current if p != path])
+            sens[path] = measure([p for p in current if p != path], f"{path} alone in 16 bits")
             passes += 1
 
         def severity(p):
@@ -281,10 +306,11 @@ def search_precision(
         final = as_is
         capped = False
         if not ok(as_is):
+            progress.expect(math.ceil(math.log2(cap + 1)))  # at most; pruning is added once known
             lo, hi, best = 1, cap, None
             while lo <= hi:  # smallest passing prefix, assuming more float32 never hurts
                 mid = (lo + hi) // 2
-                errors = measure(order[:mid])
+                errors = measure(order[:mid], f"the {mid} most sensitive float32")
                 passes += 1
                 if ok(errors):
                     best, final, hi = mid, errors, mid - 1
@@ -293,20 +319,23 @@ def search_precision(
             if best is None:
                 capped = True
                 chosen = order[:cap]
-                final = measure(chosen)
+                progress.expect_total(passes + 1)
+                final = measure(chosen, f"the {cap} most sensitive float32 (the budget)")
                 passes += 1
             else:
                 chosen = order[:best]
+                progress.expect_total(passes + len(chosen) - 1)
                 for path in reversed(list(chosen)):  # prune the least sensitive first
                     if len(chosen) == 1:
                         break
                     trial = [p for p in chosen if p != path]
-                    errors = measure(trial)
+                    errors = measure(trial, f"without {path} in float32 (pruning)")
                     passes += 1
                     if ok(errors):
                         chosen, final = trial, errors
 
-    sizes = {p: sum(int(np.prod(w.shape)) for w in layers[p].weights if len(w.shape) >= 2) for p in pool}
+    progress.done()
+    sizes = {p: flops.get(p, 0) for p in pool}
     total = sum(sizes.values()) or 1
     decisions = []
     for path in order:
@@ -328,4 +357,5 @@ def search_precision(
         passes_per_batch=passes,
         batches=len(data_batches),
         seconds=time.perf_counter() - start,
+        left_out=left_out,
     )

@@ -1,4 +1,4 @@
-"""`GradientStatistics`: every N steps, per-layer gradient statistics in each layer's compute dtype."""
+"""`GradientStatistics`: every `update_freq` steps, per-layer gradient statistics in each layer's compute dtype."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import keras
 from absl import logging
 
 from keras_amp import validation
-from keras_amp.callbacks import summaries
+from keras_amp.callbacks import renamed, summaries
 from keras_amp.diagnostics import gradient_probe
 
 
 class GradientStatistics(keras.callbacks.Callback):
-    """Every `every_n_steps` steps, classifies each layer's gradient elements in its compute dtype.
+    """Every `update_freq` steps, classifies each layer's gradient elements in its compute dtype.
 
     On a fixed probe batch, at the loss scale the optimizer uses at that moment, it records per
     layer the fraction of zero, underflowed-to-zero (zero here, not at a 4096x larger scale: a
@@ -29,19 +29,22 @@ class GradientStatistics(keras.callbacks.Callback):
     Records go to `records` and to the absl log (one JSON line per firing: the structured
     record), flags to an absl warning, and with `log_dir` to TensorBoard: scalars
     `gradients/<layer>/{zero,underflow_zero,subnormal,nonfinite}_fraction`, `.../{min,max}_exponent`, and a
-    histogram of exponents `gradients/<layer>/exponent` (written without the tensorboard package).
+    histogram of exponents `gradients/<layer>/exponent` (`tensorboard --logdir <log_dir>`; writing
+    them needs the `tensorboard` package, as Keras's `TensorBoard` callback does).
 
     Args:
         probe: Tuple `(x,)` or `(x, y)`: the batch the statistics are taken on.
-        every_n_steps: Int >= 1. Steps between firings. Defaults to 100.
+        update_freq: Int >= 1. Training batches between firings (Keras's name, as in
+            `keras.callbacks.TensorBoard`). Defaults to 100.
         loss: None (the compiled loss), a Keras loss name or a callable.
         threshold: Float in (0, 1]. Underflow fraction that flags a layer. Defaults to 0.5.
         log_dir: String or None. TensorBoard log directory.
+        every_n_steps: Deprecated: the old name of `update_freq` (a `DeprecationWarning`).
 
     Example:
 
     ```python
-    stats = keras_amp.callbacks.GradientStatistics((x[:64], y[:64]), every_n_steps=500, log_dir="logs/grads")
+    stats = keras_amp.callbacks.GradientStatistics((x[:64], y[:64]), update_freq=500, log_dir="logs/grads")
     model.fit(x, y, callbacks=[stats])
     stats.records[-1]["layers"][0]["zero_fraction"], stats.flagged
     ```
@@ -52,14 +55,16 @@ class GradientStatistics(keras.callbacks.Callback):
     # its counter), so between firings it adds no sync to the step.
     async_safe = True
 
-    def __init__(self, probe: tuple, every_n_steps: int = 100, *, loss: Any = None,
-                 threshold: float = 0.5, log_dir: str | None = None):
+    def __init__(self, probe: tuple, update_freq: int = 100, *, loss: Any = None,
+                 threshold: float = 0.5, log_dir: str | None = None, every_n_steps: int | None = None):
         super().__init__()
         validation.check_type("probe", probe, tuple, "a tuple (x,) or (x, y)")
         if len(probe) not in (1, 2):
             raise ValueError(f"`probe` must be (x,) or (x, y). Received: probe of length {len(probe)}")
         self.probe = probe
-        self.every_n_steps = validation.check_int("every_n_steps", every_n_steps, min_value=1)
+        name, update_freq = renamed.resolve("GradientStatistics", "update_freq", update_freq, 100,
+                                            every_n_steps=every_n_steps)
+        self.update_freq = validation.check_int(name, update_freq, min_value=1)
         if loss is not None and not isinstance(loss, (str, dict)):
             validation.check_callable("loss", loss)
         self.loss = loss
@@ -67,13 +72,15 @@ class GradientStatistics(keras.callbacks.Callback):
                                                 min_inclusive=False)
         if log_dir is not None:
             validation.check_type("log_dir", log_dir, (str, os.PathLike), "a path or None")
-        self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        self.log_dir = None if log_dir is None else summaries.require_tensorboard(log_dir)
         self.records: list[dict] = []
         self.flagged: dict[str, int] = {}  # layer path -> step it was first flagged at
         self._steps = 0
         self._lock = threading.Lock()
         self._probe = None
         self._writer = None
+
+    every_n_steps = renamed.alias("every_n_steps", "update_freq", "GradientStatistics")
 
     def on_train_begin(self, logs=None):
         self._probe = gradient_probe.GradientProbe(self.model, *self.probe, loss=self.loss)
@@ -83,7 +90,7 @@ class GradientStatistics(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         with self._lock:  # batch ends may be dispatched to several threads
             self._steps += 1
-            if self._steps % self.every_n_steps == 0:
+            if self._steps % self.update_freq == 0:
                 self.fire()
 
     def fire(self) -> gradient_probe.GradientReport:

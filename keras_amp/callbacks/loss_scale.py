@@ -1,6 +1,6 @@
 """`LossScaleMonitor`: loss-scaling metrics in the `fit` logs, the symptom library, and diagnoses.
 
-The monitor reads the optimizer's state only at log points (every `log_every` batches and at
+The monitor reads the optimizer's state only at log points (every `update_freq` batches and at
 each epoch end): one `host_check()` per log point, nothing inside the step, and between log
 points the logs carry the last values read as Python numbers. Symptoms are checked at the same
 points; each one found is diagnosed by walking `keras_amp.diagnostics.symptoms`' decision tree.
@@ -15,40 +15,34 @@ import time
 from typing import Any, Callable
 
 import keras
-import tensorflow as tf
 from absl import logging
 
 from keras_amp import policy as amp_policy
 from keras_amp import validation
-from keras_amp.callbacks import summaries
+from keras_amp.callbacks import renamed, summaries
 from keras_amp.callbacks.data_watch import DataWatch
-from keras_amp.callbacks.trend_checks import TrendChecks
+from keras_amp.callbacks.trend_checks import TrendChecks, memory_in_use
+from keras_amp.callbacks.update_loss import UpdateLossChecks
 from keras_amp.diagnostics import symptoms, user_site
 from keras_amp.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
 ON_NAN = ("warn", "stop")
 METRICS = ("loss_scale", "overflow_count", "overflows_since_log", "skipped_steps", "consecutive_overflows")
+# What goes into `fit`'s logs by default: Keras's progress bar prints every key of the logs with
+# "%.4f" (or "%.4e" near zero), so four integer counters read "0.0000e+00" on every step line.
+IN_LOGS = ("loss_scale",)
 
 
-def memory_in_use() -> tuple[str, int]:
-    """("gpu", bytes in use on GPU:0) where there is a GPU, else ("rss", the process's resident bytes)."""
-    if tf.config.list_logical_devices("GPU"):
-        return "gpu", int(tf.config.experimental.get_memory_info("GPU:0")["current"])
-    try:
-        with open("/proc/self/statm") as f:
-            return "rss", int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:  # not Linux: peak RSS, which still grows when memory grows
-        import resource
-        return "rss", int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-class LossScaleMonitor(TrendChecks, keras.callbacks.Callback):
+class LossScaleMonitor(TrendChecks, UpdateLossChecks, keras.callbacks.Callback):
     """Loss-scale metrics in `fit` logs; detects mixed-precision symptoms and says what to do.
 
-    Adds to the logs (progress bar, `History`, `TensorBoard` placed after it): `loss_scale`,
-    `overflow_count` (total), `overflows_since_log`, `skipped_steps` and `consecutive_overflows`.
-    The state is read at log points only (every `log_every` batches, and each epoch end):
-    nothing runs inside the training step.
+    Metrics: `loss_scale`, `overflow_count` (total), `overflows_since_log`, `skipped_steps` and
+    `consecutive_overflows`, read at log points only (every `update_freq` batches, and each
+    epoch end): nothing runs inside the training step. `loss_scale` goes into `fit`'s logs (the
+    progress bar, and the callbacks placed after the monitor, such as `keras.callbacks.TensorBoard`
+    or `CSVLogger`); the four integer counters stay out of the logs, and so out of the progress
+    bar, unless `counters_in_logs=True`. All five are in `History` (one value per epoch, like
+    the logs), in `last` (the values at the latest log point) and, with `log_dir`, in TensorBoard.
 
     Symptoms, checked at log points:
     - a non-finite loss;
@@ -72,11 +66,13 @@ class LossScaleMonitor(TrendChecks, keras.callbacks.Callback):
     wrong shape) is a warning, and the probe checks are off for that `fit`.
 
     Args:
-        log_every: Int >= 1. Batches between log points. Defaults to 100.
-        check_every: Int >= 1 or None. The earlier name of `log_every`.
-        on_nan: "warn" or "stop". "stop" ends training at the log point that sees a non-finite
-            loss (when Keras dispatches batch ends asynchronously, a step or two later).
-            Defaults to "warn".
+        update_freq: Int >= 1. Batches between log points (Keras's name, as in
+            `keras.callbacks.TensorBoard`). Defaults to 100.
+        on_nan: "warn" or "stop". "stop" also ends training with `keras.callbacks.TerminateOnNaN`'s
+            check, run at the log point that sees a non-finite loss (when Keras dispatches batch
+            ends asynchronously, a step or two later) rather than at every batch, where
+            `TerminateOnNaN` alone makes Keras dispatch batch ends synchronously: a host sync per
+            step. Defaults to "warn".
         probe: None or a tuple `(x,)` / `(x, y)`: a batch for the gradient symptoms and the
             overflow locator (one extra forward and backward pass per log point).
         zero_grad_steps: Int >= 1. Steps of all-zero probe gradients before the symptom.
@@ -85,16 +81,21 @@ class LossScaleMonitor(TrendChecks, keras.callbacks.Callback):
             a swing. Defaults to 0.5.
         memory_epochs: Int >= 1. Consecutive epoch ends with rising memory. Defaults to 3.
         step_time_factor: Float > 1. Step-time jump over the running median. Defaults to 3.0.
-        log_dir: String or None. Also write the metrics as TensorBoard scalars there ("batch_*"
-            at log points, "epoch_*" at epoch ends); works without the `tensorboard` package,
-            which Keras's `TensorBoard` callback needs.
+        log_dir: String or None. Also write all five metrics as TensorBoard scalars there
+            ("batch_*" at log points, "epoch_*" at epoch ends; `tensorboard --logdir <log_dir>`).
+            Needs the `tensorboard` package, as `keras.callbacks.TensorBoard` does.
+        counters_in_logs: Bool. Also put the four counters into `fit`'s logs (the progress bar
+            then prints them as floats). Defaults to False.
+        log_every, check_every: Deprecated: old names of `update_freq` (a `DeprecationWarning`).
+        update_loss_every: Int >= 1 or None (default): measure updates lost to rounding in one
+            step of every N (`keras_amp.callbacks.update_loss`; `update_loss`, `update_loss_max`).
 
     Example:
 
     ```python
-    monitor = keras_amp.callbacks.LossScaleMonitor(log_every=50, on_nan="stop", probe=(x[:32], y[:32]))
-    model.fit(x, y, callbacks=[monitor, keras.callbacks.TensorBoard("logs")])
-    history.history["loss_scale"], monitor.diagnoses
+    monitor = keras_amp.callbacks.LossScaleMonitor(update_freq=50, probe=(x[:32], y[:32]), log_dir="logs/amp")
+    history = model.fit(x, y, callbacks=[monitor])
+    history.history["loss_scale"], history.history["overflow_count"], monitor.diagnoses
     ```
     """
 
@@ -104,14 +105,19 @@ class LossScaleMonitor(TrendChecks, keras.callbacks.Callback):
     # Keras dispatches synchronously and the loop syncs every step whatever this one does.
     async_safe = True
 
-    def __init__(self, log_every: int = 100, *, check_every: int | None = None, on_nan: str = "warn",
-                 probe: Any = None, zero_grad_steps: int = 200, val_swing: float = 0.5,
-                 memory_epochs: int = 3, step_time_factor: float = 3.0, log_dir: str | None = None):
+    def __init__(self, update_freq: int = 100, *, on_nan: str = "warn", probe: Any = None,
+                 zero_grad_steps: int = 200, val_swing: float = 0.5, memory_epochs: int = 3,
+                 step_time_factor: float = 3.0, log_dir: str | None = None, counters_in_logs: bool = False,
+                 log_every: int | None = None, check_every: int | None = None,
+                 update_loss_every: int | None = None):
         super().__init__()
-        if check_every is not None:
-            log_every = validation.check_int("check_every", check_every, min_value=1)
-        self.log_every = validation.check_int("log_every", log_every, min_value=1)
+        name, update_freq = renamed.resolve("LossScaleMonitor", "update_freq", update_freq, 100,
+                                            log_every=log_every, check_every=check_every)
+        self.update_freq = validation.check_int(name, update_freq, min_value=1)
         self.on_nan = validation.check_choice("on_nan", on_nan, ON_NAN)
+        # Keras's own non-finite-loss stop, called at the log points (see `on_nan`).
+        self._terminate = keras.callbacks.TerminateOnNaN() if self.on_nan == "stop" else None
+        self.counters_in_logs = validation.check_bool("counters_in_logs", counters_in_logs)
         if probe is not None:
             validation.check_type("probe", probe, tuple, "a tuple (x,) or (x, y)")
             if len(probe) not in (1, 2):
@@ -124,16 +130,30 @@ class LossScaleMonitor(TrendChecks, keras.callbacks.Callback):
                                                        min_value=1.0, min_inclusive=False)
         if log_dir is not None:
             validation.check_type("log_dir", log_dir, (str, os.PathLike), "a path or None")
-        self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        self.log_dir = None if log_dir is None else summaries.require_tensorboard(log_dir)
         self._writer = summaries.Writer(self.log_dir) if self.log_dir else None
         self.diagnoses: list[symptoms.Diagnosis] = []
         self._memory_reader: Callable[[], tuple[str, int]] = memory_in_use
         self._lock = threading.Lock()
+        self._init_update_loss(update_loss_every)
         self._reset()
+
+    log_every = renamed.alias("log_every", "update_freq", "LossScaleMonitor")
+
+    @property
+    def last(self) -> dict[str, float]:
+        """The five metrics as read at the latest log point (empty before the first)."""
+        return dict(self._last)
+
+    def set_model(self, model):
+        super().set_model(model)
+        if self._terminate is not None:
+            self._terminate.set_model(model)
 
     # ------------------------------------------------------------------ state
     def _reset(self):
         self._batches = 0
+        self._batch = 0  # the index of the latest batch in its epoch
         self._last: dict[str, float] = {}
         self._at_log = None  # overflow_count at the previous log point
         self._at_epoch = 0
@@ -180,6 +200,7 @@ class LossScaleMonitor(TrendChecks, keras.callbacks.Callback):
         self.diagnoses = []
         self._site = user_site.find()  # the user's fit call: where the warnings point
         self._watch_data()
+        self._attach_update_probe()
         if self.probe is not None and _rows(self.probe) == 0:
             self._probe_failed("it is empty (0 rows)")
         if self._optimizer() is not None:  # a later fit: count overflows from here on
@@ -195,11 +216,13 @@ class LossScaleMonitor(TrendChecks, keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         with self._lock:  # batch ends may be dispatched to several threads
-            self._on_batch(logs)
+            self._on_batch(batch, logs)
 
-    def _on_batch(self, logs) -> None:
+    def _on_batch(self, batch, logs) -> None:
         self._batches += 1
-        if self._batches % self.log_every == 0:
+        self._batch = batch
+        self._check_update_loss(logs)
+        if self._batches % self.update_freq == 0:
             arrived = time.perf_counter()  # the monitor's own work below is not step time
             self._last = self._read()
             if self._writer is not None and self._last:
@@ -209,7 +232,10 @@ class LossScaleMonitor(TrendChecks, keras.callbacks.Callback):
             self._check_gradients()
             self._check_step_time(arrived)
         if logs is not None:
-            logs.update(self._last)
+            logs.update(self._in_logs(self._last))
+
+    def _in_logs(self, values: dict) -> dict:
+        return dict(values) if self.counters_in_logs else {k: v for k, v in values.items() if k in IN_LOGS}
 
     def on_epoch_end(self, epoch, logs=None):
         values = self._read()
@@ -218,7 +244,13 @@ class LossScaleMonitor(TrendChecks, keras.callbacks.Callback):
             self._at_epoch = values["overflow_count"]
         self._last = values
         if logs is not None:
-            logs.update(values)
+            logs.update(self._in_logs(values))
+        history = getattr(self.model, "history", None)  # this fit's History (Keras sets it)
+        if isinstance(history, keras.callbacks.History):
+            # The counters kept out of the logs: History records the logs after this hook runs.
+            for key, value in values.items():
+                if logs is None or key not in logs:
+                    history.history.setdefault(key, []).append(value)
         if self._writer is not None and values:
             self._writer.scalars(values, epoch, prefix="epoch_")
         self._check_loss(logs)
@@ -303,10 +335,8 @@ class LossScaleMonitor(TrendChecks, keras.callbacks.Callback):
         if "non_finite_loss" not in self._fired:
             facts, context = self._overflow_facts()
             self._report("non_finite_loss", facts, f"loss={float(loss)} after {self._batches} steps", **context)
-        if self.on_nan == "stop" and not self.model.stop_training:
-            logging.warning("LossScaleMonitor: non-finite loss after %d steps; stopping (on_nan='stop').",
-                            self._batches)
-            self.model.stop_training = True
+        if self._terminate is not None and not self.model.stop_training:
+            self._terminate.on_batch_end(self._batch, logs)  # prints Keras's line, stops training
 
     def _overflow_facts(self) -> tuple[dict, dict]:
         """The facts and template values of the overflow questions (data first, then the scale)."""
@@ -358,34 +388,6 @@ class LossScaleMonitor(TrendChecks, keras.callbacks.Callback):
             self._report("scale_at_floor", facts,
                          f"loss_scale={self._last['loss_scale']:g} = min_scale, overflowing, at 2 log points",
                          **context)
-
-    def _check_gradients(self) -> None:
-        if self.probe is None or self._probe_off:
-            return
-        try:
-            if self._gradient_probe is None:
-                from keras_amp.diagnostics.gradient_probe import GradientProbe
-                self._gradient_probe = GradientProbe(self.model, *self.probe)
-            report = self._gradient_probe.run()
-        except Exception as e:  # a diagnosis must not end training on its own
-            self._probe_failed(f"its gradient statistics failed ({_one_line(e)})")
-            return
-        zero_layers = [s.path for s in report.layers if s.size and s.zero_fraction == 1.0]
-        worst = {"(global)"} if report.layers and len(zero_layers) == len(report.layers) else set()
-        worst |= set(zero_layers)
-        self._zero_since = {k: self._zero_since.get(k, self._batches) for k in worst}
-        lasting = [k for k, since in self._zero_since.items() if self._batches - since >= self.zero_grad_steps]
-        if not lasting:
-            return
-        opt = self._optimizer()
-        layers = [k for k in lasting if k != "(global)"]
-        # Underflow, not dead gradients: the zeros are values at a 4096x larger scale.
-        chosen = [s for s in report.layers if s.path in layers] or list(report.layers)
-        facts = {"loss_scaled": opt is not None,
-                 "gradient_underflow": any(s.underflow_zero_fraction > 0 for s in chosen)}
-        what = "all gradients" if "(global)" in lasting else f"the gradients of {', '.join(map(repr, layers))}"
-        self._report("zero_gradients", facts, f"{what} zero for {self.zero_grad_steps}+ steps",
-                     layers=layers, **self._scale_context())
 
 
 def _rows(probe: tuple) -> int | None:

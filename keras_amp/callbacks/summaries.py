@@ -1,32 +1,35 @@
-"""TensorBoard scalars and histograms written with TensorFlow alone.
+"""TensorBoard event files for the callbacks' `log_dir`, written with `tf.summary`.
 
-`tf.summary.scalar` / `histogram` need the `tensorboard` package installed; `tf.summary.write`
-with the plugin metadata TensorBoard reads does not. The callbacks write through here, so their
-event files exist whether or not TensorBoard is installed where training runs.
+Scalars go through `tf.summary.scalar`, as in `keras.callbacks.TensorBoard`. Both need the
+`tensorboard` package (TensorFlow 2.21 no longer installs it), which is also what reads the files:
+`require_tensorboard` says so when a callback is given a `log_dir`, before training starts.
 """
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import tensorflow as tf
-from tensorflow.core.framework import summary_pb2
 
 
-def _metadata(plugin: str, data_class: int) -> summary_pb2.SummaryMetadata:
-    metadata = summary_pb2.SummaryMetadata()
-    metadata.plugin_data.plugin_name = plugin
-    metadata.data_class = data_class
-    return metadata
-
-
-_SCALAR = _metadata("scalars", summary_pb2.DATA_CLASS_SCALAR)
-_HISTOGRAM = _metadata("histograms", summary_pb2.DATA_CLASS_TENSOR)
+def require_tensorboard(log_dir: Any) -> str:
+    """`log_dir` as a string; ImportError naming the package when `tensorboard` is not installed."""
+    try:
+        import tensorboard  # noqa: F401  (tf.summary.scalar imports it when called)
+    except ImportError as error:
+        raise ImportError(
+            "`log_dir` writes TensorBoard summaries with tf.summary, which needs the tensorboard "
+            f"package: pip install tensorboard. Received: log_dir={log_dir!r}. Allowed: log_dir=None "
+            "without it") from error
+    return os.fspath(log_dir)
 
 
 class Writer:
     """A TensorBoard event-file writer for `log_dir` (created on first use)."""
 
     def __init__(self, log_dir: str):
-        self.log_dir = log_dir
+        self.log_dir = require_tensorboard(log_dir)
         self._writer = None
 
     def _get(self):
@@ -35,17 +38,24 @@ class Writer:
         return self._writer
 
     def scalars(self, values: dict, step: int, prefix: str = "") -> None:
-        """One scalar per key of `values` (a float32 tensor, TensorBoard's scalar format)."""
+        """One `tf.summary.scalar` per key of `values`, tagged `prefix + key`."""
         with self._get().as_default():
             for key, value in values.items():
-                tf.summary.write(f"{prefix}{key}", tf.constant(float(value), tf.float32), step=step,
-                                 metadata=_SCALAR)
+                tf.summary.scalar(f"{prefix}{key}", float(value), step=step)
 
     def histogram(self, tag: str, buckets: list[tuple[float, float, float]], step: int) -> None:
-        """A pre-bucketed histogram: rows (left edge, right edge, count), TensorBoard's v2 format."""
+        """A histogram already bucketed: rows (left edge, right edge, count).
+
+        `tf.summary.histogram` buckets raw values itself; the gradient probe keeps counts per
+        exponent, not the elements, so the rows are written in the format `tf.summary.histogram`
+        produces, with TensorBoard's own histogram metadata.
+        """
+        from tensorboard.plugins.histogram import metadata
+
         data = tf.constant(buckets if buckets else [[0.0, 0.0, 0.0]], tf.float64)
         with self._get().as_default():
-            tf.summary.write(tag, data, step=step, metadata=_HISTOGRAM)
+            tf.summary.write(tag, data, step=step,
+                             metadata=metadata.create_summary_metadata(display_name=None, description=None))
 
     def flush(self) -> None:
         if self._writer is not None:

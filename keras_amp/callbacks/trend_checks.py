@@ -1,19 +1,66 @@
 """`TrendChecks`: the `LossScaleMonitor` symptoms read from trends across log points and epochs
-(step time, validation swings, memory growth), split from `loss_scale.py` as they are.
+(gradients zero for many steps, step time, validation swings, memory growth), split from
+`loss_scale.py` as they are.
 
 A mixin: it uses the monitor's state (`_tick`, `_intervals`, `_slow_before`, `_val_prev`,
-`_memory`, `_last`, `_batches`, the thresholds) and its `_report` / `_scale_context`.
+`_memory`, `_zero_since`, `_gradient_probe`, `_last`, `_batches`, the thresholds) and its
+`_report` / `_scale_context` / `_optimizer` / `_probe_failed`.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 import warnings
 
+import tensorflow as tf
+
+from keras_amp.diagnostics import user_site
+
+
+def memory_in_use() -> tuple[str, int]:
+    """("gpu", bytes in use on GPU:0) where there is a GPU, else ("rss", the process's resident bytes)."""
+    if tf.config.list_logical_devices("GPU"):
+        return "gpu", int(tf.config.experimental.get_memory_info("GPU:0")["current"])
+    try:
+        with open("/proc/self/statm") as f:
+            return "rss", int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # not Linux: peak RSS, which still grows when memory grows
+        import resource
+        return "rss", int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
 
 class TrendChecks:
+    def _check_gradients(self) -> None:
+        if self.probe is None or self._probe_off:
+            return
+        try:
+            if self._gradient_probe is None:
+                from keras_amp.diagnostics.gradient_probe import GradientProbe
+                self._gradient_probe = GradientProbe(self.model, *self.probe)
+            report = self._gradient_probe.run()
+        except Exception as e:  # a diagnosis must not end training on its own
+            self._probe_failed(f"its gradient statistics failed ({user_site.one_line(e)})")
+            return
+        zero_layers = [s.path for s in report.layers if s.size and s.zero_fraction == 1.0]
+        worst = {"(global)"} if report.layers and len(zero_layers) == len(report.layers) else set()
+        worst |= set(zero_layers)
+        self._zero_since = {k: self._zero_since.get(k, self._batches) for k in worst}
+        lasting = [k for k, since in self._zero_since.items() if self._batches - since >= self.zero_grad_steps]
+        if not lasting:
+            return
+        opt = self._optimizer()
+        layers = [k for k in lasting if k != "(global)"]
+        # Underflow, not dead gradients: the zeros are values at a 4096x larger scale.
+        chosen = [s for s in report.layers if s.path in layers] or list(report.layers)
+        facts = {"loss_scaled": opt is not None,
+                 "gradient_underflow": any(s.underflow_zero_fraction > 0 for s in chosen)}
+        what = "all gradients" if "(global)" in lasting else f"the gradients of {', '.join(map(repr, layers))}"
+        self._report("zero_gradients", facts, f"{what} zero for {self.zero_grad_steps}+ steps",
+                     layers=layers, **self._scale_context())
+
     def _check_step_time(self, now: float) -> None:
         if self._tick is not None:
             start, batches, first = self._tick

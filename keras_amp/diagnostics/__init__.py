@@ -1,5 +1,6 @@
 """Diagnostics: the static `check_model` report, the dynamic op audit, the overflow locator,
-per-layer gradient statistics, the activations a training step keeps for its backward pass, and
+per-layer gradient statistics, the activations a training step keeps for its backward pass, the
+weight updates lost to rounding (`UpdateLossProbe`), and
 the symptom library (the decision tree, as data)."""
 
 from keras_amp.diagnostics import symptoms
@@ -13,6 +14,7 @@ from keras_amp.diagnostics.gradient_probe import (
 )
 from keras_amp.diagnostics.memory import SavedActivationsReport, SavedTensor, saved_activations
 from keras_amp.diagnostics.overflow import LayerOverflowStats, OverflowReport, Producer, find_overflow
+from keras_amp.diagnostics.vanishing_updates import UpdateLossProbe
 
 __all__ = [
     "KINDS",
@@ -28,6 +30,7 @@ __all__ = [
     "Producer",
     "SavedActivationsReport",
     "SavedTensor",
+    "UpdateLossProbe",
     "audit_model",
     "check_model",
     "find_overflow",

@@ -128,18 +128,18 @@ def _scalar(outputs: Any) -> tf.Tensor:
     return tf.add_n(parts) if parts else tf.constant(0.0)
 
 
-def _traced(model: keras.Model, x: Any, training: bool, backward: bool) -> attribution.Trace:
+def trace(model: keras.Model, x: Any, *, training: bool = False, backward: bool = True) -> attribution.Trace:
     """Traces `model(x)` (+ the backward pass) with ops attributed to layers; runs it once."""
     inputs = keras.tree.map_structure(tf.convert_to_tensor, x)
     if not model.built:
         # Sublayers a layer creates in build() (MultiHeadAttention's projections) must exist
         # before attribution wraps them; tracing builds the model without running the batch.
         tf.function(lambda i: model(i, training=training)).get_concrete_function(inputs)
-    trace = attribution.Trace()
+    recorded = attribution.Trace()
 
     def step(inputs):
         graph = tf.compat.v1.get_default_graph()
-        trace.graph = graph
+        recorded.graph = graph
         model_start = len(graph.get_operations())
         with tf.GradientTape() as tape:
             outputs = model(inputs, training=training)
@@ -151,13 +151,13 @@ def _traced(model: keras.Model, x: Any, training: bool, backward: bool) -> attri
             grads = [g for g in tape.gradient(total, model.trainable_variables) if g is not None]
             # Returning the gradients keeps every backward op live, so the batch really runs them.
             result = (total, grads)
-        attribution.assign_owners(trace, graph.get_operations(), forward_end, model_start, model_end, "")
+        attribution.assign_owners(recorded, graph.get_operations(), forward_end, model_start, model_end, "")
         return result
 
-    with attribution.attributing(model, trace):
+    with attribution.attributing(model, recorded):
         concrete = tf.function(step).get_concrete_function(inputs)
     concrete(inputs)  # the function traced under attribution (calling the tf.function could retrace)
-    return trace
+    return recorded
 
 
 def _owner(owner: str) -> str:
@@ -296,9 +296,9 @@ def audit_model(model: keras.Model, x: Any, *, training: bool = False, backward:
                         "takes. Received: x=None")
     validation.check_bool("training", training)
     validation.check_bool("backward", backward)
-    trace = _traced(model, x, training, backward)
+    traced = trace(model, x, training=training, backward=backward)
     path_of, records, scores = {}, [], set()
-    for name, op, path, phase in graph_ops(trace):
+    for name, op, path, phase in graph_ops(traced):
         path_of[name] = path
         category = SENSITIVE_OPS.get(op.type)
         if op.type == "Sqrt" and phase == "forward" and dataflow.is_statistic(op.inputs[0]):

@@ -10,7 +10,8 @@ report's `str()` is for people. Two sources, each finding from evidence, never f
   on symbolic inputs) the report's `notes` say so;
 - a static read of Keras layer types, activations, dtype policies, variables, output specs and
   the compiled optimizer/loss, knowing which op rules (`keras_amp.op_rules`) are in force: the
-  configuration findings (loss scaling, tensor-core dimensions, variables, outputs, staleness)
+  configuration findings (loss scaling, tensor-core dimensions, variables, staleness; outputs by
+  what their loss computes from them, `keras_amp.diagnostics.outputs`)
   and the softmax / exp / recurrence / attention layers Keras defines; a graph layer's own ops are
   traced for a root of a mean of squares (`layer_kinds.normalization_dtype`).
 
@@ -24,12 +25,13 @@ from typing import Any
 
 import keras
 
-from keras_amp import layer_kinds, model_graph, op_rules
+from keras_amp import hardware, layer_kinds, model_graph, op_rules
 from keras_amp import policy as amp_policy
 from keras_amp import validation
 from keras_amp.diagnostics import audit
 from keras_amp.diagnostics.evidence import audit_findings, probe_batch
 from keras_amp.diagnostics.finding import KINDS, Finding
+from keras_amp.diagnostics.outputs import output_findings
 from keras_amp.op_rules import LOW_PRECISION
 
 # Stock BatchNormalization / RMSNormalization compute their statistics in float32 but autocast
@@ -191,8 +193,9 @@ _SEPARABLE = (keras.layers.SeparableConv1D, keras.layers.SeparableConv2D)
 _TRANSPOSE = (keras.layers.Conv1DTranspose, keras.layers.Conv2DTranspose, keras.layers.Conv3DTranspose)
 
 
-def _dimension_findings(path: str, layer) -> list[Finding]:
-    if layer.compute_dtype not in LOW_PRECISION:
+def _dimension_findings(path: str, layer, device: hardware.DeviceInfo) -> list[Finding]:
+    # Multiples of 8 decide whether a 16-bit matmul runs on tensor cores; a CPU or TPU has none.
+    if layer.compute_dtype not in LOW_PRECISION or not device.tensor_cores(layer.compute_dtype):
         return []
     bad = {k: v for k, v in _dims(layer).items() if v % 8}
     if not bad:
@@ -206,15 +209,17 @@ def _dimension_findings(path: str, layer) -> list[Finding]:
     )]
 
 
-def check_model(model: keras.Model, x: Any = None, *, training: bool = False) -> ModelReport:
+def check_model(model: keras.Model, x: Any = None, *, training: bool = False,
+                device: hardware.DeviceInfo | None = None, loss: Any = None) -> ModelReport:
     """Checks `model` for mixed-precision hazards; returns a `ModelReport` of `Finding`s.
 
     Kinds (see `KINDS`): softmax / exp / loss / recurrence layers computing in 16 bits; every
     sensitive op that ran in 16 bits in one batch, by the layer that created it and op kind (the
     dynamic audit: normalisation statistics as "low_precision_normalization", the rest as
-    "low_precision_op"); a model output that is not float32; float16 or bfloat16 variables; a
+    "low_precision_op"); a model output that is not float32, unless its loss reads it only as
+    logits of a float32 log-softmax (then a note says so); float16 or bfloat16 variables; a
     float16 model compiled without a `LossScaleOptimizer`; Dense/Conv/Embedding/attention
-    dimensions not divisible by 8 in 16-bit layers; a model built before `enable()`. Layers whose
+    dimensions not divisible by 8 in 16-bit layers (on GPUs with tensor cores for that dtype); a model built before `enable()`. Layers whose
     ops compute in float32 (keras-hub's RMS norms, Keras's normalisation layers, keras_amp's
     islands, what the op rules in force cover) are not flagged, whatever they are called.
 
@@ -227,6 +232,13 @@ def check_model(model: keras.Model, x: Any = None, *, training: bool = False) ->
             instead, and adds only the ops no static finding covers; without input specs (a
             subclassed model called eagerly) nothing runs and `notes` say so.
         training: Bool, default False. The `training` flag of that run.
+        device: `hardware.DeviceInfo` or None (default: this machine's). Dimensions not divisible
+            by 8 are reported only where its GPUs have tensor cores for the layer's dtype.
+        loss: None (default: the compiled loss) or the loss the outputs feed, for a model trained
+            in a custom loop: a `keras.losses.Loss`, a loss function or name, or a list/dict of
+            them per output as `compile` takes. It is traced on a 16-bit tensor shaped like each
+            16-bit output: one read only by a float32 softmax cross-entropy from logits (or
+            log_softmax) is a deliberate choice, reported in `notes`, not as a finding.
 
     Example:
         >>> report = keras_amp.check_model(model, x)
@@ -235,6 +247,8 @@ def check_model(model: keras.Model, x: Any = None, *, training: bool = False) ->
     """
     validation.check_type("model", model, keras.Model, "a keras.Model")
     validation.check_bool("training", training)
+    validation.check_type("device", device, (hardware.DeviceInfo, type(None)), "a keras_amp.hardware.DeviceInfo or None")
+    device = hardware.detect() if device is None else device
     layers = list(model_graph.walk(model, into=_descends))
     fed = model_graph.neighbour_dtypes(model, _output_dtype, upstream=True)
     found: list[Finding] = []
@@ -249,10 +263,10 @@ def check_model(model: keras.Model, x: Any = None, *, training: bool = False) ->
             found.append(finding)
             if isinstance(layer, keras.layers.Wrapper):
                 covered.append(path)
-        found.extend(_dimension_findings(path, layer))
+        found.extend(_dimension_findings(path, layer, device))
     found.extend(_loss_findings(model))
-    found.extend(_output_findings(model))
-    notes: list[str] = []
+    outputs_found, notes = output_findings(model, loss)
+    found.extend(outputs_found)
     if x is not None:
         found.extend(audit_findings(model, audit.audit_model(model, x, training=training), found, probe=False))
     else:
@@ -297,29 +311,6 @@ def _loss_findings(model) -> list[Finding]:
         for loss in losses
         if isinstance(loss, keras.losses.Loss) and loss.dtype in LOW_PRECISION
     ]
-
-
-def _output_findings(model) -> list[Finding]:
-    try:
-        outputs = keras.tree.flatten(model.outputs)
-    except (AttributeError, ValueError):  # subclassed or unbuilt: output dtypes unknown statically
-        return []
-    findings = []
-    for i, t in enumerate(outputs):
-        op = t._keras_history.operation
-        # A layer's policy may have been set in place after the graph was built (apply_recipe):
-        # its compute dtype now, not the recorded symbolic one, is what the next run produces.
-        plain_layer = isinstance(op, keras.layers.Layer) and not isinstance(op, keras.Model)
-        dtype = op.compute_dtype if plain_layer and keras.backend.is_float_dtype(t.dtype) else t.dtype
-        if keras.backend.is_float_dtype(dtype) and dtype != "float32":
-            findings.append(Finding(
-                "output_not_float32", op.name,
-                f"model output {i} is {dtype}: the loss and metrics see {dtype}-rounded values",
-                "for float32 logits at the 16-bit matmul's speed build the head as keras_amp.layers.Logits; or make "
-                f"it float32 (dtype='float32', keras_amp.layers.OutputHead, or apply_recipe(..., rules={{{op.name!r}: "
-                "'float32'}))",
-            ))
-    return findings
 
 
 def _variable_findings(layers) -> list[Finding]:

@@ -205,12 +205,24 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                              f"Received: built={self.built}")
 
     @property
-    def scale(self):
-        """The current loss scale as a Python float (a host read); before the optimizer is built,
-        `initial_scale`, which is None for an unresolved `tier="auto"`."""
-        if not self.built:
-            return self.initial_scale
-        return float(ops.convert_to_numpy(self.dynamic_scale))
+    def scale(self) -> float:
+        """The current loss scale as a Python float (a host read); before build, the scale the first
+        step uses (ValueError under tier="auto" without `initial_scale`: the variables decide it)."""
+        if self.built:
+            return float(ops.convert_to_numpy(self.dynamic_scale))
+        if self.initial_scale is None:
+            choices = ", ".join(f"{name} {v.initial_scale:g}" for name, v in tiers.TIERS.items())
+            raise ValueError(
+                f"`scale` of a tier='auto' LossScaleOptimizer is chosen at build, by parameter count ({choices}): "
+                "build it first (`optimizer.build(model.trainable_variables)`; `fit` does), or call "
+                f"`optimizer.initial_scale_for(model.trainable_variables)`. Received: tier='auto', built=False")
+        return float(self.initial_scale)
+
+    def initial_scale_for(self, var_list) -> float:
+        """The first step's scale once built with `var_list` (tier="auto": by their parameter count)."""
+        if self.initial_scale is not None:
+            return float(self.initial_scale)
+        return float(tiers.tier_values(tiers.AUTO, var_list).initial_scale)
 
     overflow_count = _built_variable(
         "overflow_count", "_overflow_count", "Variable: total skipped (non-finite) steps.")

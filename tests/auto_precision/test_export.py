@@ -43,7 +43,7 @@ def test_bfloat16_export_keeps_island_halves_memory_and_matches_float32():
     assert result.float32_layers == ("sensitive",)
     # Every weight went to 16 bits (the island has none): exactly half the bytes.
     assert result.weight_bytes_before == weight_bytes(model) == 4 * sum(int(np.prod(w.shape)) for w in model.weights)
-    assert result.memory_ratio == 0.5
+    assert result.memory_ratio == 0.5 and result.weight_bytes_float32 == 0
     ref = _float32_reference(model)
     out = np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(copy(X), "float32")), np.float64)
     # bfloat16 weights and activations: ~3 roundings of u = 2**-8 each, relative to the output scale.
@@ -57,6 +57,18 @@ def test_float16_export_keeps_overflow_island_finite_where_plain_float16_is_not(
     plain = export_for_inference(model, "float16", keep_float32=[]).model  # every layer float16
     assert plain.get_layer("sensitive").dtype_policy.name == "float16"
     assert not np.all(np.isfinite(keras.ops.convert_to_numpy(plain(X))))  # the edge: 1e5 * x overflows
+
+
+def test_a_float32_layer_with_weights_keeps_its_bytes_ratio_is_half_plus_half_its_share():
+    model = sensitive_model("mixed_bfloat16")
+    _policies.set_policies(model, {"out": "float32"})  # a float32 head, as the "cnn" recipe keeps it
+    result = export_for_inference(model, "bfloat16")
+    d1, out = 8 * 16 + 16, 16 * 1 + 1  # parameters: Dense(16) on 8 inputs, Dense(1) on 16
+    assert result.float32_layers == ("out",)
+    assert result.weight_bytes_before == 4 * (d1 + out) and result.weight_bytes_float32 == 4 * out
+    assert result.weight_bytes_after == 2 * d1 + 4 * out
+    share = out / (d1 + out)
+    assert result.memory_ratio == pytest.approx(0.5 + 0.5 * share) and result.memory_ratio > 0.5
 
 
 @pytest.mark.slow

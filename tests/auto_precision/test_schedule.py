@@ -69,16 +69,27 @@ def test_policies_change_at_schedule_with_one_retrace_and_state_intact(unit, at,
     assert all(np.all(np.isfinite(v)) for v in after) and any(np.any(v != 0) for v in after[2:])
 
 
-def test_from_search_raises_the_most_sensitive_remaining_layers():
+def test_from_search_raises_only_the_layers_the_search_keeps_float32():
     model = sensitive_model("mixed_bfloat16")
-    result = search_precision(model, [(X[:32], Y[:32])], tolerance=0.01, batches=1)
+    result = search_precision(model, [(X[:32], Y[:32])], tolerance=0.01, batches=1, verbose=0)
     assert result.float32_layers == ("sensitive",)
-    schedule = ProgressivePrecision.from_search(result, at=1, top=1)
-    expected = max((d for d in result.layers if d.decision != "float32"), key=lambda d: d.sensitivity.loss)
-    result.apply(model)
-    model.fit(X, Y, batch_size=16, epochs=2, callbacks=[schedule], verbose=0)
-    assert schedule.changes[0].layers == (expected.path,)
-    assert model.get_layer(expected.path).dtype_policy.name == "float32"
+    assert any(d.decision != "float32" and d.sensitivity.loss > 0 for d in result.layers)  # guard: 16-bit ones exist
+    schedule = ProgressivePrecision.from_search(result, at=1)
+    recorder = Recorder()
+    model.fit(X, Y, batch_size=16, epochs=2, callbacks=[schedule, recorder], verbose=0)  # as the search measured it
+    assert [r[0] for r in recorder.rows] == ["mixed_bfloat16"] * 4 + ["float32"] * 4
+    assert [(c.unit, c.at, c.layers) for c in schedule.changes] == [("epoch", 1, ("sensitive",))]
+    assert {model.get_layer(p).dtype_policy.name for p in ("d1", "out")} == {"mixed_bfloat16"}  # left as searched
+
+
+def test_from_search_with_no_float32_layer_has_nothing_to_raise():
+    model = sensitive_model("mixed_bfloat16", sensitive=lambda name: keras.layers.Identity(name=name))
+    result = search_precision(model, [(X[:32], Y[:32])], tolerance=0.05, batches=1, verbose=0)
+    assert result.float32_layers == () and result.layers  # guard: candidates, all within tolerance in 16 bits
+    with pytest.raises(ValueError, match=r"keeps no layer in float32.*Received: result.float32_layers=\(\)"):
+        ProgressivePrecision.from_search(result, at=1)
+    with pytest.raises(ValueError, match="top"):
+        ProgressivePrecision.from_search(result, at=1, top=0)
 
 
 def test_unknown_layer_fails_loudly():

@@ -97,10 +97,12 @@ def test_budget_caps_the_float32_layers():
 
 def test_already_within_tolerance_keeps_nothing():
     model = sensitive_model("mixed_bfloat16", sensitive=lambda name: keras.layers.Identity(name=name))
-    result = search_precision(model, BATCHES, tolerance=0.05)
+    result = search_precision(model, BATCHES, tolerance=0.05, verbose=0)
     assert result.float32_layers == ()
     assert result.errors_as_is.loss <= 0.05
-    assert result.passes_per_batch == 2 + 3  # reference, as-is, one per candidate
+    # The Identity computes nothing: no candidate. Reference, as-is, one pass per Dense.
+    assert result.left_out == ("sensitive",) and sorted(d.path for d in result.layers) == ["d1", "out"]
+    assert result.passes_per_batch == 2 + 2
 
 
 def test_a_model_without_a_loss_needs_one():
@@ -108,3 +110,55 @@ def test_a_model_without_a_loss_needs_one():
     uncompiled = keras.Model(model.inputs, model.outputs)
     with pytest.raises(ValueError, match="needs a loss"):
         search_precision(uncompiled, BATCHES)
+
+
+def _model_with_costless_layers():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((8,))
+    h = keras.layers.Dense(16, name="d1")(inp)
+    h = keras.layers.Activation("relu", name="relu")(h)
+    h = keras.layers.Dropout(0.5, name="dropout")(h)
+    h = keras.layers.Activation("hard_swish", name="hard_swish")(h)
+    h = Offset(name="sensitive")(h)
+    model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+    model.compile("adam", "mse")
+    return model
+
+
+def test_layers_without_weights_or_arithmetic_are_no_candidates_and_cost_is_flops():
+    result = search_precision(_model_with_costless_layers(), BATCHES, verbose=0)
+    assert result.left_out == ("relu", "dropout")  # relu selects, Dropout at inference does nothing
+    shares = {d.path: d.cost_share for d in result.layers}
+    assert sorted(shares) == ["d1", "hard_swish", "out", "sensitive"]  # computes, without weights: kept
+    assert result.float32_layers == ("sensitive",)
+    # Shares of the candidates' floating-point operations on the first 64-row batch, against closed
+    # forms: multiply-adds + bias adds for the Dense layers, two adds per element for the offset.
+    d1, out, offset = 64 * 16 * 8 + 64 * 16, 64 * 1 * 16 + 64, 2 * 64 * 16
+    assert shares["out"] / shares["d1"] == pytest.approx(out / d1)
+    assert shares["sensitive"] / shares["d1"] == pytest.approx(offset / d1)
+    assert shares["hard_swish"] > 0 and sum(shares.values()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("verbose", [0, 1, 2, "auto"])
+def test_progress_is_shown_as_fit_shows_it(verbose, capsys):
+    model = sensitive_model("mixed_bfloat16")
+    result = search_precision(model, BATCHES, verbose=verbose)
+    out = capsys.readouterr().out
+    if verbose == 0:
+        assert out == ""
+        return
+    assert out.startswith("search_precision: 3 candidate layer(s) (0 without weights")
+    if verbose == 2:
+        lines = [line for line in out.splitlines() if line.startswith("search_precision: pass ")]
+        assert len(lines) == result.passes_per_batch  # one line per forward/backward pass
+        assert "sensitive alone in 16 bits: loss error" in out and lines[-1].startswith(
+            f"search_precision: pass {result.passes_per_batch}/{result.passes_per_batch},")
+    else:
+        assert f"{result.passes_per_batch}/{result.passes_per_batch}" in out and "pass" in out  # a Progbar
+
+
+@pytest.mark.parametrize("verbose, error", [("loud", TypeError), (True, TypeError), (3, ValueError)])
+def test_bad_verbose_is_refused(verbose, error):
+    with pytest.raises(error, match=r"`verbose` must be \"auto\", 0, 1 or 2"):
+        search_precision(sensitive_model("mixed_bfloat16"), BATCHES, verbose=verbose)

@@ -4,6 +4,7 @@ import glob
 import json
 import logging as py_logging
 import os
+import warnings
 
 import keras
 import numpy as np
@@ -39,7 +40,7 @@ def _fit(policy, initial_scale, **kwargs):
                                            dynamic_growth_steps=10_000)
     model.compile(optimizer=opt, loss="mse")
     x, y = _data()
-    stats = GradientStatistics((x[:16], y[:16]), every_n_steps=2, **kwargs)
+    stats = GradientStatistics((x[:16], y[:16]), update_freq=2, **kwargs)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[stats])
     return stats
 
@@ -122,3 +123,17 @@ def test_records_in_logs_and_tensorboard(tmp_path, caplog):
 def test_no_work_between_firings():
     stats = _fit("mixed_float16", 1.0)
     assert len(stats.records) == 2  # 4 steps, every 2
+
+
+def test_every_n_steps_is_the_deprecated_name_of_update_freq():
+    x, y = _data()
+    with pytest.warns(DeprecationWarning, match="`every_n_steps` is deprecated.*use `update_freq`") as caught:
+        stats = GradientStatistics((x, y), every_n_steps=7)
+    assert stats.update_freq == 7 and caught[0].filename == __file__
+    with pytest.warns(DeprecationWarning, match="use `update_freq`"):
+        assert stats.every_n_steps == 7
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="`every_n_steps` must be an integer >= 1"):
+        GradientStatistics((x, y), every_n_steps=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        assert GradientStatistics((x, y), 7).update_freq == 7

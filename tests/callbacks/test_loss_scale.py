@@ -3,6 +3,7 @@
 import glob
 import os
 import re
+import sys
 import time
 import warnings
 
@@ -71,16 +72,20 @@ def _fit_overflowing(callbacks):
 
 
 def test_metrics_in_history_and_own_tensorboard_events(tmp_path):
-    monitor = LossScaleMonitor(log_every=3, log_dir=str(tmp_path / "train"))
+    monitor = LossScaleMonitor(update_freq=3, log_dir=str(tmp_path / "train"))
     history = _fit_overflowing([monitor])
     h = history.history
     assert h["loss_scale"] == [128.0, 64.0]
+    # The counters are kept out of the logs, and put into History beside them, one per epoch.
     assert h["overflow_count"] == [1, 2] and h["skipped_steps"] == [1, 2]
-    assert h["overflows_since_log"] == [1, 1]
+    assert h["overflows_since_log"] == [1, 1] and h["consecutive_overflows"] == [0, 0]
+    assert len(h["loss"]) == 2 and history.epoch == [0, 1]
+    assert monitor.last == {"loss_scale": 64.0, "overflow_count": 2, "skipped_steps": 2,
+                            "consecutive_overflows": 0, "overflows_since_log": 1}
     # A second fit counts its own overflows: 1 per epoch again, not the 2 of the first fit.
     model = monitor.model
     again = model.fit(*_data(poison_row=40), batch_size=8, epochs=1, verbose=0, shuffle=False,
-                      callbacks=[LossScaleMonitor(log_every=3)])
+                      callbacks=[LossScaleMonitor(update_freq=3)])
     assert again.history["overflows_since_log"] == [1] and again.history["overflow_count"] == [3]
     events = _events(str(tmp_path))
     assert events["epoch_loss_scale"] == [128.0, 64.0]
@@ -91,13 +96,48 @@ def test_metrics_in_history_and_own_tensorboard_events(tmp_path):
     assert events["batch_loss_scale"] == [256.0, 128.0, 128.0, 128.0, 64.0]
 
 
-def test_metrics_reach_keras_tensorboard_callback(tmp_path):
+@pytest.mark.parametrize("counters_in_logs", [False, True], ids=["scale_only", "counters_too"])
+def test_metrics_reach_keras_tensorboard_callback(tmp_path, counters_in_logs):
     pytest.importorskip("tensorboard", reason="keras.callbacks.TensorBoard needs the tensorboard package")
-    _fit_overflowing([LossScaleMonitor(log_every=3), keras.callbacks.TensorBoard(str(tmp_path))])
+    _fit_overflowing([LossScaleMonitor(update_freq=3, counters_in_logs=counters_in_logs),
+                      keras.callbacks.TensorBoard(str(tmp_path))])
     events = _events(str(tmp_path))
     assert events["epoch_loss_scale"] == [128.0, 64.0]
-    assert events["epoch_overflow_count"] == [1.0, 2.0]
-    assert events["epoch_skipped_steps"] == [1.0, 2.0]
+    if counters_in_logs:
+        assert events["epoch_overflow_count"] == [1.0, 2.0]
+        assert events["epoch_skipped_steps"] == [1.0, 2.0]
+    else:  # the logs carry the scale only; the monitor's own log_dir has the counters
+        assert not [tag for tag in events if "overflow" in tag or "skipped" in tag]
+
+
+def test_log_dir_without_tensorboard_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # `import tensorboard` now raises ImportError
+    with pytest.raises(ImportError, match=r"needs the tensorboard package: pip install tensorboard\. "
+                                          r"Received: log_dir='.*logs'"):
+        LossScaleMonitor(log_dir=str(tmp_path / "logs"))
+    assert LossScaleMonitor().log_dir is None  # no log_dir, no tensorboard needed
+
+
+def _progress_bar(capsys, **monitor_kwargs) -> str:
+    capsys.readouterr()
+    keras.config.set_dtype_policy("mixed_float16")
+    model = _plain_model()
+    model.compile(optimizer=keras_amp.LossScaleOptimizer(keras.optimizers.Adam(1e-3), initial_scale=256.0),
+                  loss="mse")
+    with pytest.warns(keras_amp.AmpWarning, match="The loss is NaN or inf"):  # the poisoned batch
+        model.fit(*_data(poison_row=40), batch_size=8, epochs=2, verbose=1, shuffle=False,
+                  callbacks=[LossScaleMonitor(update_freq=3, **monitor_kwargs)])
+    return capsys.readouterr().out
+
+
+def test_progress_bar_shows_the_scale_not_the_counters(capsys):
+    out = _progress_bar(capsys)
+    assert "Epoch 2/2" in out and "loss_scale: 128.0000" in out and "loss_scale: 64.0000" in out
+    for counter in ("overflow_count", "overflows_since_log", "skipped_steps", "consecutive_overflows"):
+        assert counter not in out
+    # Guard: the capture sees what the bar prints for a counter once one is in the logs.
+    out = _progress_bar(capsys, counters_in_logs=True)
+    assert "overflow_count: 2.0000" in out and "consecutive_overflows: 0.0000e+00" in out
 
 
 def test_state_is_read_only_at_log_points(monkeypatch):
@@ -116,7 +156,7 @@ def test_state_is_read_only_at_log_points(monkeypatch):
     recorder = _Recorder()
     x, y = _data(poison_row=40)
     model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False,
-              callbacks=[LossScaleMonitor(log_every=3), recorder])
+              callbacks=[LossScaleMonitor(update_freq=3, counters_in_logs=True), recorder])
     # Log points: batches 3, 6 | 9, 12, 15 (counted over epochs), 2 epoch ends, train end.
     assert reads == [3, 6, 8, 9, 12, 15, 16, 16]
     logs = recorder.batch_logs
@@ -129,14 +169,14 @@ def test_state_is_read_only_at_log_points(monkeypatch):
 
 
 @pytest.mark.parametrize("on_nan", ["warn", "stop"])
-def test_forced_nan_prints_the_diagnosis_naming_the_layer(on_nan):
+def test_forced_nan_prints_the_diagnosis_naming_the_layer(on_nan, capsys):
     keras.config.set_dtype_policy("mixed_float16")
     model = _model()
     opt = keras_amp.LossScaleOptimizer(keras.optimizers.SGD(1e-3), initial_scale=1.0, min_scale=1.0,
                                        on_min_scale="ignore")
     model.compile(optimizer=opt, loss="mse")
     x, y = _data()
-    monitor = LossScaleMonitor(log_every=2, on_nan=on_nan, probe=(x[:16], y[:16]))
+    monitor = LossScaleMonitor(update_freq=2, on_nan=on_nan, probe=(x[:16], y[:16]))
     recorder = _Recorder()
     with pytest.warns(keras_amp.AmpWarning, match="diagnosis: The loss is NaN or inf") as caught:
         history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False,
@@ -148,10 +188,13 @@ def test_forced_nan_prints_the_diagnosis_naming_the_layer(on_nan):
     assert "Does the forward pass itself produce the inf/NaN? -> yes" in text
     assert "Compute 'k' in float32" in text
     assert any("Compute 'k' in float32" in str(w.message) for w in caught)
+    stopped = "Batch 1: Invalid loss, terminating training"  # keras.callbacks.TerminateOnNaN's line
     if on_nan == "stop":
         assert len(recorder.batch_logs) == 2 and len(history.epoch) == 1  # stopped at the first log point
+        assert capsys.readouterr().out.count(stopped) == 1
     else:
         assert len(recorder.batch_logs) == 16 and len(history.epoch) == 2
+        assert stopped not in capsys.readouterr().out
     # Guard: every step really overflowed (the scale sat at its floor of 1).
     assert int(opt.overflow_count.numpy()) == len(recorder.batch_logs)
 
@@ -163,7 +206,7 @@ def test_fixed_model_gives_no_diagnosis():
     opt = keras_amp.LossScaleOptimizer(keras.optimizers.SGD(0.0), initial_scale=1.0, min_scale=1.0)
     model.compile(optimizer=opt, loss="mse")
     x, y = _data()
-    monitor = LossScaleMonitor(log_every=2, on_nan="stop", probe=(x[:16], y[:16]))
+    monitor = LossScaleMonitor(update_freq=2, on_nan="stop", probe=(x[:16], y[:16]))
     with warnings.catch_warnings():
         warnings.simplefilter("error", keras_amp.AmpWarning)
         history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False, callbacks=[monitor])
@@ -184,7 +227,7 @@ def test_zero_gradients_diagnosed_as_underflow_and_cleared_by_a_larger_scale():
         opt = keras_amp.LossScaleOptimizer(keras.optimizers.SGD(0.0), initial_scale=initial_scale,
                                            min_scale=1.0, dynamic_growth_steps=10_000)
         model.compile(optimizer=opt, loss="mse")
-        monitor = LossScaleMonitor(log_every=2, probe=(x[:16], y[:16]), zero_grad_steps=4)
+        monitor = LossScaleMonitor(update_freq=2, probe=(x[:16], y[:16]), zero_grad_steps=4)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", keras_amp.AmpWarning)
             model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[monitor])
@@ -239,7 +282,7 @@ def test_memory_growth():
 
 
 def test_step_time_jump():
-    monitor = _bare_monitor(log_every=1, step_time_factor=3.0)
+    monitor = _bare_monitor(update_freq=1, step_time_factor=3.0)
     monitor.on_epoch_begin(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", keras_amp.AmpWarning)
@@ -253,14 +296,26 @@ def test_step_time_jump():
     assert "input pipeline" in " ".join(d.actions)
 
 
-def test_check_every_is_the_old_name_of_log_every():
-    assert LossScaleMonitor(check_every=7).log_every == 7
+@pytest.mark.parametrize("old", ["log_every", "check_every"])
+def test_old_names_of_update_freq_warn_and_still_work(old):
+    with pytest.warns(DeprecationWarning, match=f"`{old}` is deprecated.*use `update_freq`") as caught:
+        monitor = LossScaleMonitor(**{old: 7})
+    assert monitor.update_freq == 7 and caught[0].filename == __file__
+    with pytest.warns(DeprecationWarning, match="`log_every` is deprecated.*use `update_freq`"):
+        assert monitor.log_every == 7
+    with pytest.raises(ValueError, match=rf"pass only `update_freq`.*Received: update_freq=5, {old}=7"):
+        LossScaleMonitor(5, **{old: 7})
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match=f"`{old}` must be an integer >= 1"):
+        LossScaleMonitor(**{old: 0})  # the error names the argument as written
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        assert LossScaleMonitor(update_freq=7).update_freq == 7
 
 
 def test_decision_tree_is_one_table_for_every_printer():
     names = {s.name for s in symptoms.SYMPTOMS}
     assert names == {"non_finite_loss", "zero_gradients", "scale_at_floor", "validation_swing",
-                     "memory_growth", "step_time_jump"}
+                     "memory_growth", "step_time_jump", "updates_vanish"}
     ids = {n.id for n in symptoms.NODES}
     for node in symptoms.NODES:  # every branch leads somewhere, every leaf acts
         assert (node.yes in ids and node.no in ids) if not node.is_leaf else node.actions
@@ -298,7 +353,7 @@ def _fit_with_nan(policy, where, probe_rows, callbacks=()):
     model.compile(optimizer=opt, loss="mse")
     x, y = _data()
     (x if where == "inputs" else y)[41, 0] = np.nan
-    monitor = LossScaleMonitor(log_every=2, probe=(x[probe_rows], y[probe_rows]))
+    monitor = LossScaleMonitor(update_freq=2, probe=(x[probe_rows], y[probe_rows]))
     with pytest.warns(keras_amp.AmpWarning, match="The loss is NaN or inf") as caught:
         model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False, callbacks=[monitor, *callbacks])
     return monitor, opt, caught
@@ -335,7 +390,7 @@ def test_clean_data_under_bfloat16_walks_one_branch():
     model = _model()
     model.compile(optimizer=keras.optimizers.SGD(1.0), loss="mse")  # diverges: lr 1 on a 1e5 gain
     x, y = _data()
-    monitor = LossScaleMonitor(log_every=2)
+    monitor = LossScaleMonitor(update_freq=2)
     with pytest.warns(keras_amp.AmpWarning, match="The loss is NaN or inf"):
         model.fit(x, y * 1e30, batch_size=8, epochs=1, verbose=0, shuffle=False, callbacks=[monitor])
     (d,) = [d for d in monitor.diagnoses if d.symptom.name == "non_finite_loss"]
@@ -350,10 +405,39 @@ def test_a_probe_that_cannot_run_is_a_warning_and_training_goes_on(probe):
     model.compile(optimizer=keras_amp.LossScaleOptimizer(keras.optimizers.SGD(1e-3)), loss="mse")
     x, y = _data()
     batch = (x[:0], y[:0]) if probe == "empty" else (x[:16, :3], y[:16])
-    monitor = LossScaleMonitor(log_every=2, probe=batch)
+    monitor = LossScaleMonitor(update_freq=2, probe=batch)
     with pytest.warns(keras_amp.AmpWarning, match="the probe batch cannot be used") as caught:
         history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[monitor])
     assert len(history.epoch) == 2 and monitor.diagnoses == []
     (w,) = [w for w in caught if issubclass(w.category, keras_amp.AmpWarning)]  # once, at the fit call
     assert w.filename == __file__
     assert "Traceback" not in str(w.message) and "\n" not in str(w.message)
+
+
+def test_update_loss_every_measures_and_diagnoses_vanishing_updates():
+    """LossScaleMonitor(update_loss_every=N): a layer whose 16-bit weights lose their updates is
+    named through the decision tree; a float32-master run reports nothing."""
+    from keras_amp.optimizers import LeanAdam  # noqa: PLC0415
+
+    x = np.random.RandomState(0).randn(64, 8).astype("float32")
+    results = {}
+    for name in ("none", "split"):
+        keras_amp.enable("mixed_bfloat16")
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(64), keras.layers.Dense(1)])
+        model.compile(LeanAdam(1e-4, compensation=name), "mse")
+        monitor = keras_amp.callbacks.LossScaleMonitor(update_freq=4, update_loss_every=3)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            history = model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0, callbacks=[monitor])
+        results[name] = (monitor, caught, history)
+        keras_amp.disable()
+    bad, caught, _ = results["none"]
+    assert max(max(m.values()) for m in bad.update_loss.values()) > 0.5
+    assert [d.symptom.name for d in bad.diagnoses] == ["updates_vanish"]
+    assert "LeanAdam" in str(bad.diagnoses[0]) and any("Weight updates vanish" in str(w.message) for w in caught)
+    good, _, _ = results["split"]
+    assert good.update_loss and all(m["lost"] < 1e-6 for m in good.update_loss.values())
+    assert good.diagnoses == []
+    with pytest.raises(ValueError, match="update_loss_every"):
+        keras_amp.callbacks.LossScaleMonitor(update_loss_every=0)

@@ -778,7 +778,7 @@ def _tensors(x):
 def reference(case: Case) -> Reference:
     """The float32 model's weights and inference loss, built once per process for both policies."""
     if case.name not in _REFERENCES:
-        if keras_amp.config() is not None or keras.config.dtype_policy().name != "float32":
+        if keras_amp.config().enabled or keras.config.dtype_policy().name != "float32":
             raise ValueError(f"The float32 reference needs the float32 policy. Received: "
                              f"policy={keras.config.dtype_policy().name}, keras_amp={keras_amp.config()}")
         start = time.perf_counter()

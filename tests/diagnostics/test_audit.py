@@ -234,7 +234,7 @@ def test_an_rnn_cell_owns_its_ops_inside_the_loop_and_the_loop_layer_the_rest():
     assert any("/while/" in r.op_name for r in exp)  # guard: the cell really ran in the loop body
     assert {r.layer_path for r in exp} == {"rnn/cell"}
     # The gradient loop runs no layer call: its ops lead back to the cell's forward ops by name.
-    trace = audit._traced(model, np.ones((2, 3, 4), "float32"), False, True)
+    trace = audit.trace(model, np.ones((2, 3, 4), "float32"))
     grad_body = [(name, path) for name, _, path, phase in audit.graph_ops(trace)
                  if phase == "backward" and "/while_grad/" in name]
     assert any(name.endswith("/Exp_grad/mul") and path == "rnn/cell" for name, path in grad_body)

@@ -12,7 +12,10 @@ import keras_amp
 from keras_amp import layers as amp_layers
 from keras_amp import op_rules, recipes
 from keras_amp.diagnostics import check
+from keras_amp.hardware import DeviceInfo, GpuInfo
 from tests.helpers import MyNorm, Scaler
+
+A100 = DeviceInfo(gpus=(GpuInfo("A100", (8, 0)),))  # bfloat16 and float16 tensor cores
 
 pytestmark = pytest.mark.filterwarnings("ignore:mixed_float16 requested:keras_amp.AmpWarning")
 
@@ -23,7 +26,8 @@ def one_layer(layer, shape=(16,), dtype="float32"):
 
 
 def findings(model, kind):
-    return [(f.layer, f.kind) for f in check.check_model(model).of_kind(kind)]
+    # On an A100: the dimension advice is for tensor cores, which CPUs lack.
+    return [(f.layer, f.kind) for f in check.check_model(model, device=A100).of_kind(kind)]
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
@@ -266,7 +270,11 @@ def test_float16_training_without_loss_scaling():
 def test_dimensions_not_multiple_of_8():
     keras_amp.enable("mixed_bfloat16")
     model = one_layer(keras.layers.Dense(12, name="d"), shape=(16,))
-    (finding,) = check.check_model(model).of_kind("dimension_not_multiple_of_8")
+    # A CPU (or a GPU without bfloat16 tensor cores) has no tensor cores to miss: nothing said.
+    cpu = DeviceInfo(cpu_flags=frozenset({"avx512_bf16"}), onednn_enabled=True)
+    for device in (cpu, DeviceInfo(gpus=(GpuInfo("T4", (7, 5)),))):
+        assert check.check_model(model, device=device).of_kind("dimension_not_multiple_of_8") == []
+    (finding,) = check.check_model(model, device=A100).of_kind("dimension_not_multiple_of_8")
     assert finding.layer == "d" and "units=12" in finding.message and "units 12 -> 16" in finding.fix
     conv = one_layer(keras.layers.Conv2D(10, 3, name="c"), shape=(8, 8, 16))
     assert findings(conv, "dimension_not_multiple_of_8") == [("c", "dimension_not_multiple_of_8")]
@@ -284,7 +292,7 @@ def test_separable_conv_dimensions_use_the_pointwise_kernel(cls):
     layer = cls(16, 3, depth_multiplier=1, name="sep")
     model = one_layer(layer, shape=shape)
     assert not hasattr(layer, "kernel")  # guard: depthwise_kernel / pointwise_kernel only
-    (finding,) = check.check_model(model).of_kind("dimension_not_multiple_of_8")
+    (finding,) = check.check_model(model, device=A100).of_kind("dimension_not_multiple_of_8")
     assert finding.layer == "sep" and "input channels=12" in finding.message and "filters" not in finding.message
     wide = one_layer(cls(16, 3, depth_multiplier=2), shape=shape)  # pointwise input 12 * 2 = 24
     assert findings(wide, "dimension_not_multiple_of_8") == []
@@ -295,7 +303,7 @@ def test_conv_transpose_input_channels_from_the_kernel_last_axis():
     layer = keras.layers.Conv2DTranspose(16, 3, name="up")
     model = one_layer(layer, shape=(8, 8, 12))
     assert tuple(layer.kernel.shape) == (3, 3, 16, 12)  # guard: (..., filters, in_channels)
-    (finding,) = check.check_model(model).of_kind("dimension_not_multiple_of_8")
+    (finding,) = check.check_model(model, device=A100).of_kind("dimension_not_multiple_of_8")
     assert finding.layer == "up" and "input channels=12" in finding.message and "filters" not in finding.message
     assert findings(one_layer(keras.layers.Conv1DTranspose(16, 3), shape=(8, 24)), "dimension_not_multiple_of_8") == []
 

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 
+import keras_amp
 from keras_amp.diagnostics.overflow import find_overflow, non_finite_data
 
 SCALE = 2.0**15
@@ -107,6 +108,23 @@ def test_forward_overflow_names_the_producing_layer(kind, jit):
     assert fixed_report.ok, str(fixed_report)
     # Guard: the fixed model really carries ~1e5 activations in k, beyond float16's 65504.
     assert fixed_report.layer(path).max_abs > 65504
+
+
+def test_stock_fit_says_only_that_the_loss_is_nan(capsys):
+    # Stock Keras's one signal for a forward overflow: a non-finite loss, and TerminateOnNaN's
+    # message. Neither names the layer, which find_overflow does (the tests above and below).
+    keras.config.set_dtype_policy("mixed_float16")
+    inp = keras.Input((8,))
+    h = keras.layers.Dense(8, name="d0", kernel_initializer="ones")(inp)
+    h = keras.layers.Dense(8, name="big", kernel_initializer=keras.initializers.Constant(1e4))(h)  # ~5e5 > 65504
+    model = keras.Model(inp, _head()(h))
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = _batch()
+    history = model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()])
+    out = capsys.readouterr().out
+    assert not math.isfinite(history.history["loss"][0]) and "Invalid loss" in out  # guard: it overflowed
+    assert set(history.history) == {"loss"} and not any(layer.name in out for layer in model.layers)
+    assert find_overflow(model, x, y).forward.layer == "big"  # what the stock signals leave out
 
 
 @pytest.mark.parametrize("kind,jit", CASES)
@@ -268,3 +286,20 @@ def test_embedding_recurrent_attention_and_dropout_models_run():
     assert embed.zero_fraction > 0.5 and embed.underflow_zero_fraction == 0.0
     assert "embed" not in [s.path for s in report.underflowing()]
     assert report.layer("mha/query").gradients is not None
+
+
+@pytest.mark.parametrize("tier", ["auto", None, "large"])
+def test_default_scale_is_the_one_training_runs_at(tier):
+    # Before the first step (optimizer unbuilt) and after: the scale `fit` uses, not Keras's 2**15.
+    keras.config.set_dtype_policy("mixed_float16")
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8), _head()])
+    opt = keras_amp.LossScaleOptimizer(keras.optimizers.SGD(0.0), tier=tier)
+    model.compile(optimizer=opt, loss="mse")
+    x, y = np.ones((4, 8), "float32"), np.zeros((4, 1), "float32")
+    before = find_overflow(model, x, y)
+    assert not opt.built  # guard: find_overflow builds nothing
+    model.fit(x, y, epochs=1, verbose=0)
+    after = find_overflow(model, x, y)
+    expected = {"auto": 2.0**10, None: 2.0**15, "large": 2.0**16}[tier]  # 80 parameters: "small"
+    assert before.loss_scale == after.loss_scale == opt.scale == expected
+    assert str(before).startswith(f"find_overflow('{model.name}'): loss=") and f"at loss scale {expected:g}" in str(before)

@@ -2,6 +2,7 @@
 
 import inspect
 import logging as py_logging
+import types
 
 import keras
 import numpy as np
@@ -275,6 +276,14 @@ def test_validation_inner_optimizer():
 
 
 # ------------------------------------------------------------------- tiers and config
+def test_scale_before_build_is_the_initial_scale():
+    for opt, expected in ((LossScaleOptimizer(keras.optimizers.SGD()), 2.0**15),
+                          (LossScaleOptimizer(keras.optimizers.SGD(), tier="medium"), 2.0**12),
+                          (LossScaleOptimizer(keras.optimizers.SGD(), tier="auto", initial_scale=64.0), 64.0)):
+        assert not opt.built and type(opt.scale) is float and opt.scale == expected
+        assert opt.initial_scale_for([keras.Variable(np.zeros((3,), "float32"))]) == expected
+
+
 def test_tier_none_keeps_keras_defaults_and_explicit_overrides_tier():
     opt = LossScaleOptimizer(keras.optimizers.SGD())
     assert (opt.initial_scale, opt.dynamic_growth_steps, opt.min_scale, opt.max_scale) == (
@@ -289,7 +298,16 @@ def test_auto_tier_resolves_at_build_and_config_records_choice():
     assert opt.get_config()["tier"] == "auto" and opt.get_config()["initial_scale"] is None
     with pytest.raises(ValueError, match="build"):
         opt.scale_loss(tf.constant(1.0))
-    opt.build([keras.Variable(np.zeros((10, 10), "float32"))])
+    # Before build the scale is not known yet: an error saying how to get it, never None.
+    with pytest.raises(ValueError, match=r"small 1024, medium 4096, large 65536.*initial_scale_for"
+                                         r".*Received: tier='auto', built=False"):
+        opt.scale
+    variables = [keras.Variable(np.zeros((10, 10), "float32"))]
+    assert opt.initial_scale_for(variables) == 2.0**10  # 100 parameters: "small"
+    # 2e8 parameters (shapes only: the count reads nothing else): "medium".
+    assert opt.initial_scale_for([types.SimpleNamespace(shape=(20_000, 10_000))]) == 2.0**12
+    opt.build(variables)
+    assert opt.scale == opt.initial_scale_for(variables) == 2.0**10
     config = opt.get_config()
     assert (config["tier"], config["initial_scale"], config["dynamic_growth_steps"]) == (
         "small", 2.0**10, 100)
@@ -349,7 +367,7 @@ def test_fit_with_monitor_puts_counters_in_logs(policy, jit):
     assert model.optimizer is opt  # compile keeps ours
     x, y = _data(poison_row=40)  # batch 5 of 8 overflows in every epoch
     history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False,
-                        callbacks=[LossScaleMonitor(check_every=3)])
+                        callbacks=[LossScaleMonitor(update_freq=3)])
     assert history.history["overflow_count"] == [1, 2]
     assert history.history["loss_scale"] == [128.0, 64.0]
     assert history.history["consecutive_overflows"] == [0, 0]

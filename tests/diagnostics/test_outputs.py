@@ -1,0 +1,114 @@
+"""check_model's output findings: 16-bit logits read by a float32 log-softmax loss are a note, not a finding;
+16-bit probabilities and regression outputs are still flagged."""
+
+import importlib.util
+import pathlib
+import types
+
+import keras
+import pytest
+
+import keras_amp
+from keras_amp import layers as amp_layers
+from keras_amp.diagnostics import check, outputs
+
+pytestmark = pytest.mark.filterwarnings("ignore:mixed_float16 requested:keras_amp.AmpWarning")
+
+_MODELS = pathlib.Path(__file__).resolve().parents[2] / "examples" / "common" / "models.py"
+
+
+def _example_models():
+    """examples/common/models.py, loaded from its file (the examples are not a package on sys.path)."""
+    spec = importlib.util.spec_from_file_location("example_models", _MODELS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _example(family, task="lm"):
+    data = types.SimpleNamespace(input_shape=(16,), num_classes=32 if task == "lm" else 2, task=task, name="pydoc")
+    model = _example_models().build(family, data, width=16, depth=1, heads=2)
+    return keras_amp.apply_recipe(model, family)
+
+
+# The examples' loss (examples/common/trainer.py) and custom loop's (examples/custom_loop.py).
+def _fit_loss():
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+@pytest.mark.parametrize("family,task", [("transformer", "lm"), ("rnn", "lm"), ("transformer", "classify"),
+                                         ("cnn", "lm")])
+def test_example_models_pass_check_model(policy, family, task):
+    keras_amp.enable(policy)
+    model = _example(family, task)
+    model.compile(optimizer=keras_amp.wrap(keras.optimizers.Adam()), loss=_fit_loss())
+    report = check.check_model(model)
+    assert report.ok, str(report)
+    head = outputs.current_dtype(model.outputs[0])
+    if family == "cnn":
+        assert head == "float32"  # the cnn recipe's last layer
+    else:
+        assert head == policy.removeprefix("mixed_")  # guard: a 16-bit output was really judged
+        assert any("output 0 ('logits')" in n and "SparseSoftmaxCrossEntropyWithLogits" in n for n in report.notes)
+
+
+def test_custom_loop_model_passes_with_its_loss_and_is_flagged_without_one():
+    keras_amp.enable("mixed_bfloat16")
+    model = _example("transformer")  # examples/custom_loop.py: the Transformer, never compiled
+    unknown = check.check_model(model).of_kind("output_not_float32")
+    assert [f.layer for f in unknown] == ["logits"] and "no loss is known" in unknown[0].message
+    loop_loss = keras_amp.losses.float32_loss(_fit_loss())
+    assert check.check_model(model, loss=loop_loss).ok
+    assert check.check_model(model, loss=[loop_loss]).ok  # a structure per output, as compile takes
+
+
+def _head(make_layer, policy="mixed_bfloat16"):
+    """A Dense layer and the head `make_layer()` builds, under `policy`."""
+    keras_amp.enable(policy)
+    inp = keras.Input((16,))
+    return keras.Model(inp, make_layer()(keras.layers.Dense(16)(inp)))
+
+
+@pytest.mark.parametrize("loss,computes", [
+    (keras.losses.SparseCategoricalCrossentropy(), "Minimum in float32"),  # probabilities: clipped, then log
+    ("mse", "Sub in float32"),                                             # a regression output
+    (keras.losses.BinaryCrossentropy(from_logits=True), "GreaterEqual"),   # composite: not recognised
+])
+def test_unsafe_16bit_outputs_are_still_flagged(loss, computes):
+    model = _head(lambda: keras.layers.Dense(8, activation="softmax", name="probs", dtype="mixed_bfloat16"))
+    assert outputs.current_dtype(model.outputs[0]) == "bfloat16"  # guard: the 16-bit output under test
+    model.compile(optimizer="adam", loss=loss)
+    found = check.check_model(model).of_kind("output_not_float32")
+    assert [f.layer for f in found] == ["probs"], found
+    assert computes in found[0].message and "bfloat16-rounded" in found[0].message
+
+
+def test_logits_layer_output_is_float32_and_not_flagged():
+    # Logits computes in bfloat16 and returns float32: the check asks the layer, not its policy.
+    model = _head(lambda: amp_layers.Logits(8, name="head"))
+    assert model.get_layer("head").compute_dtype == "bfloat16"
+    assert check.check_model(model).of_kind("output_not_float32") == []
+    stock = _head(lambda: keras.layers.Dense(8, name="head"))
+    assert [f.layer for f in check.check_model(stock).of_kind("output_not_float32")] == ["head"]
+
+
+def test_nested_model_output_follows_the_inner_layer_set_in_place():
+    keras_amp.enable("mixed_bfloat16")
+    inner_in = keras.Input((16,))
+    inner = keras.Model(inner_in, keras.layers.Dense(8, name="head")(inner_in), name="inner")
+    inp = keras.Input((16,))
+    model = keras.Model(inp, inner(inp))
+    assert [f.layer for f in check.check_model(model).of_kind("output_not_float32")] == ["inner"]
+    inner.get_layer("head").dtype_policy = "float32"
+    assert check.check_model(model).of_kind("output_not_float32") == []
+
+
+def test_loss_of_a_wrong_type_is_refused():
+    model = _head(lambda: keras.layers.Dense(8))
+    with pytest.raises(TypeError, match=r"`loss` must be None.*Received: loss=3"):
+        check.check_model(model, loss=3)
+    with pytest.raises(ValueError, match=r"Unknown `loss` name. Received: loss=\['bogus'\]"):
+        check.check_model(model, loss=["bogus"])
+    by_name = check.check_model(model, loss={model.output_names[0]: _fit_loss()})
+    assert by_name.ok and by_name.notes[0].startswith("output 0")
