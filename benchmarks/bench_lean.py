@@ -160,24 +160,27 @@ def _child(case, config, steps, smoke, timeout=1800) -> dict:
     return json.loads(lines[-1])
 
 
+def _ratios(r: dict, base: dict | None, *, step: bool) -> str:
+    if not base or base is r:
+        return "–"
+    text = (f"{r['state_bytes']['total'] / base['state_bytes']['total']:.2f} / "
+            f"{(r['tf_peak_mib'] or 0) / max(base['tf_peak_mib'] or 0, 1e-9):.2f}")
+    return text + (f" / {r['step_ms'] / base['step_ms']:.2f}" if step else "")
+
+
 def table(results: list[dict]) -> list[str]:
-    """Markdown rows: per case, each configuration against the case's stock (and float32) run."""
+    """Markdown rows: per case, each configuration against the case's stock and float32 runs."""
     rows = ["| case | config | state MiB | state B/trainable param | TF train peak MiB | RSS MiB | step ms "
-            "| held-out loss | vs stock: state / TF peak / step |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "| held-out loss | vs stock: state / TF peak / step | vs float32: state / TF peak |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for case in CASES:
         runs = {r["config"]: r for r in results if r["case"] == case and "error" not in r}
-        stock = runs.get("stock")
         for config, r in runs.items():
             b = r["state_bytes"]
             per = (b["trainable"] + b["optimizer"]) / max(r["trainable_params"], 1)
-            vs = "–"
-            if stock and config != "stock":
-                vs = (f"{b['total'] / stock['state_bytes']['total']:.2f} / "
-                      f"{(r['tf_peak_mib'] or 0) / max(stock['tf_peak_mib'] or 1e-9, 1e-9):.2f} / "
-                      f"{r['step_ms'] / stock['step_ms']:.2f}")
             rows.append(f"| {case} | {config} | {b['total'] / MIB:.1f} | {per:.1f} | {r['tf_peak_mib'] or 0:.1f} | "
-                        f"{r['rss_mib']:.0f} | {r['step_ms']:.1f} | {r['held_out_loss']:.4f} | {vs} |")
+                        f"{r['rss_mib']:.0f} | {r['step_ms']:.1f} | {r['held_out_loss']:.4f} | "
+                        f"{_ratios(r, runs.get('stock'), step=True)} | {_ratios(r, runs.get('float32'), step=False)} |")
     return rows
 
 
@@ -188,6 +191,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--results", help="write the report here (default: benchmarks/LEAN_RESULTS.md, "
+                                          "except --smoke and --case)")
     args = parser.parse_args(argv)
     if args.config:
         if not args.case or args.config not in CASES[args.case]:
@@ -202,8 +207,20 @@ def main(argv=None) -> int:
     lora = {r["config"]: r for r in results if r["case"] == "lora" and "error" not in r}
     if {"amp", "amp_frozen32"} <= set(lora):
         same = lora["amp"]["losses"] == lora["amp_frozen32"]["losses"]
-        print(f"lora: {args.steps}-step loss trajectory bit-identical to frozen weights in float32: {same}")
-    print("\n".join(table(results)))
+    device = keras_amp.hardware.detect()
+    lines = [f"Machine: {device.summary()}; TF {tf.__version__}, Keras {keras.__version__}; {args.steps} steps "
+             "per run, one process per configuration, run one after the other (step times are indicative: "
+             "not interleaved)."]
+    if {"amp", "amp_frozen32"} <= set(lora):
+        lines.append(f"lora: {args.steps}-step loss trajectory bit-identical to frozen weights in float32: {same}")
+    lines += [""] + table(results)
+    print("\n".join(lines))
+    results_path = args.results or (None if args.smoke or args.case else os.path.join(os.path.dirname(
+        os.path.abspath(__file__)), "LEAN_RESULTS.md"))
+    if results_path:
+        with open(results_path, "w") as f:
+            f.write("# Memory of the weight state (`benchmarks/bench_lean.py`)\n\n" + "\n".join(lines) + "\n")
+        print(f"written to {results_path}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

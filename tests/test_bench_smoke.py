@@ -133,3 +133,21 @@ def test_search_figures_script_prints_its_table():
     rows = {row[0]: row for row in lines if row and row[0] in ("transformer", "cnn")}
     assert set(rows) == {"transformer", "cnn"}, proc.stdout
     assert all(float(row[1]) > 0 for row in rows.values())  # the search took measurable time
+
+
+@pytest.mark.slow
+def test_lean_benchmark_lora_case_is_bit_identical_and_smaller(tmp_path):
+    """bench_lean's LoRA case (smoke sizes): frozen weights in bfloat16 train bit for bit as in float32."""
+    out = tmp_path / "runs.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_lean.py"), "--smoke", "--case", "lora", "--steps", "6",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "bit-identical to frozen weights in float32: True" in proc.stdout, proc.stdout
+    assert "Machine: " in proc.stdout and "| lora | amp |" in proc.stdout
+    runs = {r["config"]: r for r in json.loads(out.read_text())}
+    assert len(runs["amp"]["losses"]) == 6 and runs["amp"]["losses"] == runs["amp_frozen32"]["losses"]
+    # The frozen base weights are half the bytes: the state is below stock's (float32 frozen weights).
+    assert runs["amp"]["state_bytes"]["total"] < 0.8 * runs["stock"]["state_bytes"]["total"]
+    assert runs["amp_frozen32"]["state_bytes"]["total"] == runs["stock"]["state_bytes"]["total"]

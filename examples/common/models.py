@@ -6,7 +6,8 @@
                  mean-pooled for classification) over byte and position embeddings.
     rnn          stacked LSTMs over byte embeddings.
 
-Each ends in a plain `Dense` logits head named "logits"; the recipes keep that head float32.
+Each ends in a plain `Dense` logits head named "logits", in the compute dtype: the float32
+cross-entropy from logits makes that safe (check_model(model, loss=...) says so).
 Built with stock Keras layers only: the recipe swaps in keras_amp's islands.
 """
 

@@ -67,9 +67,8 @@ def _gradient_matmuls(d_key_eq, d_query_eq, g, key, query):
     """d(key), d(query) from the 16-bit d(scores) `g`: two 16-bit matmuls.
 
     Through Keras's einsum, which runs MultiHeadAttention's equations as transposes and
-    `tf.matmul` (BatchMatMulV2), as stock's own gradient does; TF's Einsum kernel took 5-6x as long
-    for bfloat16 on a CPU without AVX-512 (Zen 3, TF 2.21: 190 vs 30 ms per matmul at batch 32,
-    4 heads, 128 x 128 x 64).
+    `tf.matmul` (BatchMatMulV2), as stock's own gradient does; TF's Einsum kernel is several times
+    slower for bfloat16 on a CPU without AVX-512 (BUILD_NOTES, "Op rules": MultiHeadAttention).
     """
     return ops.einsum(d_key_eq, g, query), ops.einsum(d_query_eq, g, key)
 
