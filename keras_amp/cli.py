@@ -154,9 +154,21 @@ def _overflow_diagnosis(model, located, symptoms):
                              **context)
 
 
-def _troubleshoot(args: argparse.Namespace) -> int:
-    from keras_amp.diagnostics import symptoms
+def _symptoms():
+    """The decision tree's module: keras_amp's own once keras_amp is imported; otherwise (the
+    `keras-amp` command, see keras_amp_console.py) its file executed alone, so that printing the
+    tree does not import TensorFlow. `symptoms.py` imports only the standard library."""
+    if "keras_amp" in sys.modules:
+        from keras_amp.diagnostics import symptoms
 
+        return symptoms
+    import keras_amp_console
+
+    return keras_amp_console.load_standalone("diagnostics/symptoms.py", "_keras_amp_console_symptoms")
+
+
+def _troubleshoot(args: argparse.Namespace) -> int:
+    symptoms = _symptoms()
     if args.symptom is not None and args.symptom not in symptoms.SYMPTOM_NAMES:
         print(f"keras-amp troubleshoot: unknown symptom {args.symptom!r}. Allowed: "
               f"{', '.join(symptoms.SYMPTOM_NAMES)}", file=sys.stderr)
@@ -192,8 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print the result as JSON")
     check.set_defaults(func=_check, parser=check)
 
-    from keras_amp.diagnostics import symptoms
-
+    symptoms = _symptoms()
     trouble = sub.add_parser(
         "troubleshoot", help="print the symptom decision tree", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Prints the decision tree from a symptom to what to do. Symptoms:\n"

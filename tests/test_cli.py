@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -12,6 +13,8 @@ import pytest
 
 import keras_amp
 from keras_amp import cli
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _compile(model):
@@ -127,10 +130,29 @@ def test_console_command_exit_code(tmp_path):
     keras.config.set_dtype_policy("mixed_float16")
     bad = _save(_overflow_model(), tmp_path, "bad")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    done = subprocess.run([sys.executable, "-m", "keras_amp.cli", "check", bad, "--batch", _batch(tmp_path)],
+    # The installed command's entry point (pyproject: keras-amp = keras_amp_console:main).
+    done = subprocess.run([sys.executable, "-m", "keras_amp_console", "check", bad, "--batch", _batch(tmp_path)],
                           capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == cli.FINDINGS, done.stderr[-2000:]
     assert "layer 'k'" in done.stdout
+
+
+def test_troubleshoot_and_help_do_not_import_tensorflow():
+    """Static text: the command prints the decision tree without importing TensorFlow or Keras."""
+    from keras_amp.diagnostics import symptoms
+
+    script = ("import sys, keras_amp_console\n"
+              "code = keras_amp_console.main(['troubleshoot', 'non_finite_loss'])\n"
+              "heavy = sorted(m for m in ('tensorflow', 'keras', 'keras_amp') if m in sys.modules)\n"
+              "print('CODE', code, 'HEAVY', heavy)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.rstrip().endswith("CODE 0 HEAVY []"), done.stdout[-2000:]
+    assert symptoms.render_text("non_finite_loss") in done.stdout
+    helped = subprocess.run([sys.executable, "-m", "keras_amp_console", "troubleshoot", "--help"],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert helped.returncode == 0 and "updates_vanish" in helped.stdout, helped.stderr[-2000:]
+    assert not helped.stderr, helped.stderr[-2000:]  # no TensorFlow banner
 
 
 def _one_line_error(err):
