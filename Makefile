@@ -27,11 +27,13 @@ demo: $(STAMP)
 doctor: $(STAMP)
 	$(VENV)/bin/keras-amp doctor
 
-# Step time and memory of the workloads (benchmarks/RESULTS.md), then the weight state's memory:
-# frozen weights, the lean tier, LoRA (benchmarks/LEAN_RESULTS.md; QUICK=1 leaves it out).
+# Step time and memory of the workloads (benchmarks/RESULTS.md), then (QUICK=1 leaves them out) the
+# weight state's memory: frozen weights, the lean tier, LoRA (benchmarks/LEAN_RESULTS.md), and where
+# a step's time goes, op by op, with the matmul/conv-only limit (printed).
 bench: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=2 QUICK=$(QUICK) $(PY) benchmarks/run_all.py $(BENCH_ARGS)
 	if [ -z "$(QUICK)" ] || [ "$(QUICK)" = 0 ]; then TF_CPP_MIN_LOG_LEVEL=2 $(PY) benchmarks/bench_lean.py; fi
+	if [ -z "$(QUICK)" ] || [ "$(QUICK)" = 0 ]; then TF_CPP_MIN_LOG_LEVEL=2 $(PY) benchmarks/profile_step.py; fi
 
 # README's pictures, docs/*.png, at small settings (a few minutes): the demo's, a QUICK=1
 # benchmark's (its report to a temporary folder, not benchmarks/RESULTS.md) and a precision plan.

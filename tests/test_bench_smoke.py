@@ -151,3 +151,18 @@ def test_lean_benchmark_lora_case_is_bit_identical_and_smaller(tmp_path):
     # The frozen base weights are half the bytes: the state is below stock's (float32 frozen weights).
     assert runs["amp"]["state_bytes"]["total"] < 0.8 * runs["stock"]["state_bytes"]["total"]
     assert runs["amp_frozen32"]["state_bytes"]["total"] == runs["stock"]["state_bytes"]["total"]
+
+
+@pytest.mark.slow
+def test_step_profile_sums_the_ops_by_category(tmp_path):
+    """profile_step.py (smoke sizes): the profiler's op events are read and the matmuls are found."""
+    out = tmp_path / "profile.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "profile_step.py"), "--smoke", "--workloads", "transformer",
+         "--configs", "amp_bf16", "--steps", "2", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (run,) = json.loads(out.read_text())
+    assert run["ms"]["matmul/conv"] > 0 and run["wall_ms"] > 0, run
+    assert any(t.startswith("_Mkl") or "MatMul" in t for t, _ in run["top_types"]), run["top_types"]
+    assert "| transformer | amp_bf16 |" in proc.stdout and "Machine: " in proc.stdout
