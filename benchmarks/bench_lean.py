@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -153,11 +152,8 @@ def run_one(case: str, config: str, steps: int, smoke: bool) -> dict:
 
 def _child(case, config, steps, smoke, timeout=1800) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--case", case, "--config", config, "--steps", str(steps)]
-    out = subprocess.run(cmd + (["--smoke"] if smoke else []), capture_output=True, text=True, timeout=timeout)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode != 0 or not lines:
-        return {"case": case, "config": config, "error": out.stderr[-2000:]}
-    return json.loads(lines[-1])
+    result = workloads.child_json(cmd + (["--smoke"] if smoke else []), timeout)
+    return {"case": case, "config": config, **result} if "error" in result else result
 
 
 def _ratios(r: dict, base: dict | None, *, step: bool) -> str:

@@ -22,7 +22,6 @@ import glob
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -173,16 +172,14 @@ def main(argv=None) -> int:
         print(json.dumps(run_one(*args.one, args.steps, args.smoke)))
         return 0
     import keras_amp  # noqa: PLC0415
+    import workloads  # noqa: PLC0415
 
     results = []
     for w in args.workloads:
         for c in args.configs:
             cmd = [sys.executable, os.path.abspath(__file__), "--one", w, c, "--steps", str(args.steps)]
-            out = subprocess.run(cmd + (["--smoke"] if args.smoke else []), capture_output=True, text=True,
-                                 timeout=1800)
-            lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-            results.append(json.loads(lines[-1]) if out.returncode == 0 and lines
-                           else {"workload": w, "config": c, "error": out.stderr[-2000:]})
+            result = workloads.child_json(cmd + (["--smoke"] if args.smoke else []))
+            results.append({"workload": w, "config": c, **result} if "error" in result else result)
             if "error" in results[-1]:
                 print(f"{w} {c} failed:\n{results[-1]['error']}", file=sys.stderr)
     print(f"Machine: {keras_amp.hardware.detect().summary()}; {os.cpu_count()} logical CPUs; "

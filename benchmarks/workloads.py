@@ -293,3 +293,16 @@ def op_rules_state() -> str:
         if callable(fn):
             return f"op rules: installed={fn()}"
     return "op rules: present (install state unknown)"
+
+
+def child_json(cmd: list[str], timeout: float = 1800) -> dict:
+    """Runs `cmd` (a benchmark script in a process of its own) and returns the last JSON line it printed;
+    on failure {"error": the end of its stderr}."""
+    import json  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        return {"error": out.stderr[-2000:]}
+    return json.loads(lines[-1])
