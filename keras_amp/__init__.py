@@ -18,7 +18,7 @@ from keras_amp.diagnostics import (
     find_overflow,
 )
 from keras_amp.hardware import DeviceInfo, GpuInfo
-from keras_amp.op_rules import Matmul16DTypePolicy
+from keras_amp.matmul16_policy import Matmul16DTypePolicy
 from keras_amp.optimizers import LossScaleOptimizer, MinScaleError, wrap
 from keras_amp.plotting import plot_precision_plan
 from keras_amp.policy import AmpConfig, AmpWarning

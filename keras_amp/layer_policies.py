@@ -20,7 +20,7 @@ from typing import Any, Iterable
 import keras
 
 from keras_amp import validation
-from keras_amp.op_rules.matmul import Matmul16DTypePolicy, policy_from_name
+from keras_amp.matmul16_policy import Matmul16DTypePolicy, policy_from_name
 
 # Quantization modes whose policy is rebuilt from (mode, source policy) alone (Keras 3.15.1).
 _REBUILT_MODES = ("int8", "int4", "float8")

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import keras
 
 from keras_amp import layer_kinds, model_graph, recipe_roles, recipes, validation
-from keras_amp.op_rules.matmul import Matmul16DTypePolicy, policy_from_name
+from keras_amp.matmul16_policy import Matmul16DTypePolicy, policy_from_name
 
 EXTRA = 'pip install "keras-amp[plot]"'
 # Row colours by what the layer computes in; the legend uses the same names.

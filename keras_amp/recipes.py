@@ -13,7 +13,7 @@ layer `model_graph.walk()` reaches, parents before children, the later one winni
                                     float32 by keras_amp's op rules, logits and loss by the loss
                      "rnn":         LSTM/GRU/any RNN, Bidirectional and their cells: gates,
                                     nonlinearities and carried state float32, input and
-                                    recurrent matmuls 16-bit (`op_rules.Matmul16DTypePolicy`);
+                                    recurrent matmuls 16-bit (`keras_amp.Matmul16DTypePolicy`);
                                     the output layer, like the transformer's, in the compute
                                     dtype (float32 logits-to-loss by the loss)
     2. deny list     softmax, normalisation, exp/log-type activations, activity-regularizer
@@ -53,8 +53,8 @@ from absl import logging
 from keras_amp import layer_kinds, layer_policies, model_graph, recipe_roles
 from keras_amp import policy as amp_policy
 from keras_amp import validation
-from keras_amp.op_rules.matmul import PREFIX as MATMUL16_PREFIX
-from keras_amp.op_rules.matmul import policy_from_name
+from keras_amp.matmul16_policy import PREFIX as MATMUL16_PREFIX
+from keras_amp.matmul16_policy import policy_from_name
 from keras_amp.recipe_roles import FLOAT32
 
 RECIPES = ("cnn", "rnn", "transformer")

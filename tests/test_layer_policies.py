@@ -6,7 +6,7 @@ import pytest
 
 import keras_amp
 from keras_amp import layer_policies
-from keras_amp.auto_precision import _policies
+from keras_amp.auto_precision import model_policies
 
 
 def _float8_model():
@@ -25,7 +25,7 @@ def test_a_float8_layer_keeps_its_quantization_under_float32():
     stock = _float8_model().get_layer("a")
     stock.dtype_policy = "float32"
     assert stock.dtype_policy.quantization_mode is None
-    _policies.set_policies(model, {"a": "float32"})  # what Float32Fallback / ProgressivePrecision call
+    model_policies.set_policies(model, {"a": "float32"})  # what Float32Fallback / ProgressivePrecision call
     assert layer.dtype_policy.name == "float8_from_float32" and layer.compute_dtype == "float32"
     assert layer.dtype_policy.amax_history_length == model.get_layer("b").dtype_policy.amax_history_length
     # Its float8 variables stay in use: a training step writes the amax history of the gradient.
@@ -40,7 +40,7 @@ def test_a_float8_layer_keeps_its_quantization_under_float32():
 def test_a_change_that_would_drop_float8_is_refused_naming_the_layer_and_rolled_back():
     keras_amp.enable("mixed_bfloat16")
     model = _float8_model()
-    layers = dict(_policies.layers_by_path(model))
+    layers = dict(model_policies.layers_by_path(model))
     with pytest.raises(ValueError, match=r"Layer 'b' \(Dense\) is quantized \('float8_from_mixed_bfloat16'\)"):
         layer_policies.set_in_place([("a", layers["a"], "float32"),
                                      ("b", layers["b"], keras_amp.Matmul16DTypePolicy("mixed_bfloat16"))])
@@ -54,7 +54,7 @@ def test_normalization_statistics_are_refreshed_when_search_or_fallback_set_floa
     model = keras.Model(inp, keras.layers.Normalization(mean=mean, variance=[2.0, 0.5], name="norm")(inp))
     norm = model.get_layer("norm")
     assert not np.array_equal(np.asarray(norm.mean, "float32"), mean)  # rounded to float16 at build
-    _policies.set_policies(model, {"norm": "float32"})
+    model_policies.set_policies(model, {"norm": "float32"})
     assert np.array_equal(np.asarray(norm.mean), mean.reshape(norm.mean.shape))
 
 
@@ -73,6 +73,6 @@ def test_a_layer_that_refuses_rolls_every_change_back():
     h = keras.layers.Dense(4, name="d")(inp)
     model = keras.Model(inp, _NoSetter(name="stuck")(h))
     with pytest.raises(ValueError, match=r"layer 'stuck' \(_NoSetter\) to 'float32'") as info:
-        _policies.set_policies(model, {"d": "float32", "stuck": "float32"})
+        model_policies.set_policies(model, {"d": "float32", "stuck": "float32"})
     assert isinstance(info.value, layer_policies.PolicyChangeError) and info.value.path == "stuck"
     assert model.get_layer("d").dtype_policy.name == "mixed_bfloat16"

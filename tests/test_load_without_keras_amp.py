@@ -58,9 +58,10 @@ def _old_format(path, old_path, source_name):
             data = src.read(item.filename)
             if item.filename == "config.json":
                 text = data.decode()
-                new = json.dumps({"module": "keras_amp.op_rules.matmul", "class_name": "DTypePolicy",
+                new = json.dumps({"module": "keras_amp.matmul16_policy", "class_name": "DTypePolicy",
                                   "config": {"name": "float32"},
                                   "registered_name": f"keras_amp>matmul16_from_{source_name}"})
+                # Before, the policy also lived in keras_amp.op_rules.matmul.
                 old = json.dumps({"module": "keras_amp.op_rules.matmul", "class_name": "Matmul16DTypePolicy",
                                   "config": {"source_name": source_name},
                                   "registered_name": "keras_amp>Matmul16DTypePolicy"})

@@ -23,7 +23,8 @@ FLOORS = (
                               "optimizers", "recipe_roles", "recipes")),
     ("numerics, storage", ("custom_gradient", "memory", "numerics")),
     ("model inspection", ("model_graph",)),
-    ("global state, facts, boundary", ("_compat", "dtypes", "hardware", "policy", "validation", "version")),
+    ("global state, facts, boundary", ("_compat", "dtypes", "hardware", "matmul16_policy", "policy", "validation",
+                                         "version")),
 )
 
 # Floors that pass each other by: what the float32-island layers and the op rules share is in numerics.

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 import keras
 from keras_amp import model_graph, validation
 from keras_amp.op_rules.table import LOW_PRECISION as DTYPES
-from keras_amp.auto_precision import _policies
+from keras_amp.auto_precision import model_policies
 
 
 
@@ -93,7 +93,7 @@ def export_for_inference(
     dtype = validation.check_choice("dtype", dtype, DTYPES)
     if not model.built:
         raise ValueError(f"`model` must be built. Received: model={model.name!r}, built=False")
-    layers = _policies.layers_by_path(model)
+    layers = model_policies.layers_by_path(model)
     if keep_float32 is None:
         islands = {p for p, l in layers.items() if l.compute_dtype == "float32"}
     else:
@@ -119,7 +119,7 @@ def export_for_inference(
                     f"export_for_inference: model {model.name!r} is not rebuilt from its config (a subclassed "
                     "model): pass `sample=` a batch of inputs to build the copy on."
                 )
-            copy_layers = _policies.layers_by_path(copy)
+            copy_layers = model_policies.layers_by_path(copy)
             for path in islands:
                 if path in copy_layers:
                     copy_layers[path].dtype_policy = keras.DTypePolicy("float32")
@@ -139,6 +139,6 @@ def export_for_inference(
         )
     for s, d in zip(src, dst):
         d.assign(keras.ops.cast(s.value, d.dtype))
-    kept = tuple(p for p, l in _policies.layers_by_path(copy).items() if l.compute_dtype == "float32")
+    kept = tuple(p for p, l in model_policies.layers_by_path(copy).items() if l.compute_dtype == "float32")
     float32_bytes = sum(keras.ops.convert_to_numpy(w.value).nbytes for w in copy.weights if w.dtype == "float32")
     return InferenceExport(copy, dtype, kept, weight_bytes(model), weight_bytes(copy), float32_bytes)

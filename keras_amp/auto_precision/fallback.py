@@ -12,7 +12,7 @@ trains the same way (a subclassed model rebuilds its sublayers from code: re-app
 it stops acting and logs the diagnosis instead.
 
 The decisions and the detector's position (step count, overflow streak, last overflow count)
-are saved with the model's weights (`_policies.DecisionStore`), so a run restored by
+are saved with the model's weights (`model_policies.DecisionStore`), so a run restored by
 `BackupAndRestore` or from a `ModelCheckpoint` sets the moved layers to float32 again at
 `on_train_begin`/`on_epoch_begin` instead of relearning them with another skipped step.
 """
@@ -28,7 +28,7 @@ import tensorflow as tf
 from absl import logging
 
 from keras_amp import validation
-from keras_amp.auto_precision import _policies
+from keras_amp.auto_precision import model_policies
 from keras_amp.diagnostics.overflow import find_overflow
 
 FLOAT32 = "float32"
@@ -99,7 +99,7 @@ class Float32Fallback(keras.callbacks.Callback):
 
     def set_model(self, model):
         super().set_model(model)
-        _policies.decision_store(model).register(self)
+        model_policies.decision_store(model).register(self)
 
     def checkpoint_state(self) -> dict:
         """Decisions and detector position, for the model's checkpoint."""
@@ -122,7 +122,7 @@ class Float32Fallback(keras.callbacks.Callback):
         self._loss_blocked = bool(state["loss_blocked"])
 
     def _reapply(self) -> None:
-        changed = _policies.reapply_float32(self.model, [d.layer for d in self.decisions])
+        changed = model_policies.reapply_float32(self.model, [d.layer for d in self.decisions])
         if changed:
             logging.warning("Float32Fallback: restored %s -> float32 (decided before the restart)", ", ".join(changed))
 
@@ -192,9 +192,9 @@ class Float32Fallback(keras.callbacks.Callback):
         )
 
     def _move(self, path: str, reason: str, evidence: str) -> None:
-        layers = _policies.layers_by_path(self.model)
+        layers = model_policies.layers_by_path(self.model)
         layer = layers.get(path)
-        wanted = {} if layer is None else _policies.float32_policies(self.model, [path])
+        wanted = {} if layer is None else model_policies.float32_policies(self.model, [path])
         if all(layers[p].dtype_policy.name == FLOAT32 for p in wanted):
             self._give_up(f"the locator names {path!r}, which is already float32 or not a layer this model can "
                           f"move; evidence: {evidence}")
@@ -203,7 +203,7 @@ class Float32Fallback(keras.callbacks.Callback):
             self._give_up(f"{len(self.decisions)} layer(s) already moved to float32 (max_layers={self.max_layers}); "
                           f"next candidate {path!r}: {evidence}")
             return
-        _policies.set_policies(self.model, wanted)
+        model_policies.set_policies(self.model, wanted)
         self.model.make_train_function(force=True)
         self._loss_blocked = True
         decision = FallbackDecision(path, self._step, reason, evidence)

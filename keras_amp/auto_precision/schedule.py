@@ -8,7 +8,7 @@ rebuilds the train function once, and is logged and kept in `changes`.
 A change is due once training has reached its point (epoch >= scheduled, global step >=
 scheduled), not only at that exact point, so a run resumed later, or a `fit()` that starts
 past it, still applies it. The global step is read from the optimizer (checkpointed with it),
-once per epoch. The changes applied are kept in the model's checkpoints (`_policies.DecisionStore`)
+once per epoch. The changes applied are kept in the model's checkpoints (`model_policies.DecisionStore`)
 and set again when training resumes, also for a change whose point the resumed run never reaches
 again.
 """
@@ -23,7 +23,7 @@ import keras
 from absl import logging
 
 from keras_amp import validation
-from keras_amp.auto_precision import _policies
+from keras_amp.auto_precision import model_policies
 from keras_amp.auto_precision.search import SearchResult
 
 FLOAT32 = "float32"
@@ -115,7 +115,7 @@ class ProgressivePrecision(keras.callbacks.Callback):
 
     def set_model(self, model):
         super().set_model(model)
-        _policies.decision_store(model).register(self)
+        model_policies.decision_store(model).register(self)
 
     def checkpoint_state(self) -> dict:
         """The applied changes, for the model's checkpoint."""
@@ -141,9 +141,9 @@ class ProgressivePrecision(keras.callbacks.Callback):
         """Sets the policies of changes applied before a restart again (a rebuilt model lost them)."""
         if not self._applied:
             return
-        layers = _policies.layers_by_path(self.model)
+        layers = model_policies.layers_by_path(self.model)
         paths = [p for at in sorted(self._applied) for p in self._hits(at, layers)]
-        changed = _policies.reapply_float32(self.model, paths)
+        changed = model_policies.reapply_float32(self.model, paths)
         if changed:
             logging.info("ProgressivePrecision: restored %s -> float32 (applied before the restart)", ", ".join(changed))
 
@@ -151,9 +151,9 @@ class ProgressivePrecision(keras.callbacks.Callback):
         due = [at for at in sorted(self.schedule) if at <= now and at not in self._applied]
         if not due:
             return
-        layers = _policies.layers_by_path(self.model)
+        layers = model_policies.layers_by_path(self.model)
         # With the Matmul16DTypePolicy recurrence a named layer sits in or contains (its matmuls).
-        wanted = {at: _policies.float32_policies(self.model, self._hits(at, layers)) for at in due}
+        wanted = {at: model_policies.float32_policies(self.model, self._hits(at, layers)) for at in due}
         todo: dict[str, str] = {}
         for at in due:
             changed = tuple(p for p in wanted[at] if layers[p].dtype_policy.name != FLOAT32 and p not in todo)
@@ -163,7 +163,7 @@ class ProgressivePrecision(keras.callbacks.Callback):
                 self.changes.append(PrecisionChange(self.unit, at, changed))
                 logging.info("ProgressivePrecision: %s %d (now %d): %s -> float32", self.unit, at, now, ", ".join(changed))
         if todo:
-            _policies.set_policies(self.model, todo)
+            model_policies.set_policies(self.model, todo)
             self.model.make_train_function(force=True)  # one retrace for every change due now
 
     def on_train_begin(self, logs=None):
@@ -174,7 +174,7 @@ class ProgressivePrecision(keras.callbacks.Callback):
         if self.unit == "epoch":
             self._apply_due(epoch)
         else:
-            self._epoch_start_step = _policies.global_step(self.model.optimizer)  # one read per epoch
+            self._epoch_start_step = model_policies.global_step(self.model.optimizer)  # one read per epoch
 
     def on_train_batch_begin(self, batch, logs=None):
         if self.unit == "step":

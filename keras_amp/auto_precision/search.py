@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from keras_amp import validation
 from keras_amp.op_rules.table import LOW_PRECISION as LOW
-from keras_amp.auto_precision import _policies, layer_cost
+from keras_amp.auto_precision import model_policies, layer_cost
 from keras_amp.auto_precision.progress import Progress
 
 FLOAT32 = "float32"
@@ -100,7 +100,7 @@ class SearchResult:
 
     def apply(self, model: keras.Model) -> keras.Model:
         """Sets the chosen layers of `model` to float32 in place; returns `model`."""
-        _policies.set_policies(model, _policies.float32_policies(model, self.float32_layers))
+        model_policies.set_policies(model, model_policies.float32_policies(model, self.float32_layers))
         return model
 
     def __str__(self) -> str:
@@ -260,11 +260,11 @@ def search_precision(
     loss_fn = _loss_fn(model, loss)
     start = time.perf_counter()
 
-    layers = _policies.layers_by_path(model)
-    with _policies.temporary_policies(model):
+    layers = model_policies.layers_by_path(model)
+    with model_policies.temporary_policies(model):
         if policy is not None:
-            _policies.set_policies(model, {p: policy for p, l in layers.items() if l.compute_dtype in LOW})
-        current = _policies.policy_names(model)
+            model_policies.set_policies(model, {p: policy for p, l in layers.items() if l.compute_dtype in LOW})
+        current = model_policies.policy_names(model)
         flops = layer_cost.layer_flops(model, keras.utils.unpack_x_y_sample_weight(data_batches[0])[0])
         sixteen = [p for p, l in layers.items() if l.compute_dtype in LOW and (patterns is None or _matches(p, patterns))]
         pool = [p for p in sixteen if layer_cost.costs_something(layers[p], flops.get(p, 0))]
@@ -274,7 +274,7 @@ def search_precision(
 
         def measure(float32_paths: Iterable[str], what: str) -> Errors:
             chosen = set(float32_paths)
-            _policies.set_policies(model, {p: (FLOAT32 if p in chosen else current[p]) for p in current})
+            model_policies.set_policies(model, {p: (FLOAT32 if p in chosen else current[p]) for p in current})
             errors = _errors(_run(model, data_batches, loss_fn), ref)
             progress.step(what, errors)
             return errors
@@ -283,7 +283,7 @@ def search_precision(
             return errors.finite and errors.loss <= tolerance and (
                 gradient_tolerance is None or errors.gradient <= gradient_tolerance)
 
-        _policies.set_policies(model, all32)
+        model_policies.set_policies(model, all32)
         ref = _run(model, data_batches, loss_fn)
         if not all(math.isfinite(r[0]) for r in ref):
             raise ValueError("The all-float32 model gives a non-finite loss on `data`: nothing to compare against.")

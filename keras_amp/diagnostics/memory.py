@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from keras_amp import validation
 from keras_amp.diagnostics import traced_step as diag_step
-from keras_amp.op_rules.lean import source16
+from keras_amp.op_rules.upcast_recompute import source16
 
 MIB = float(1 << 20)
 # Not activations: the batch, constants, variable reads (the weights exist anyway).

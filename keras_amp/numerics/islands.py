@@ -1,7 +1,7 @@
 """Float32-island helpers: variables read as float32, weight casts, the calling-layer stack.
 
 Shared by the float32-island layers (`keras_amp.layers`) and the matmul rule
-(`keras_amp.op_rules.matmul`).
+(`keras_amp.op_rules.matmul`, for `keras_amp.matmul16_policy`).
 """
 
 import keras

@@ -8,17 +8,16 @@ replaced Keras object exactly. `rules_markdown()` prints the table.
 Modules:
     table: the rules (`RULES`), the pinned Keras sources, what no rule reaches.
     float32_ops: float32 replacements of single ops (softmax, normalisation, gelu, losses).
-    lean: float32 normalisation, gelu and cross-entropy that keep 16-bit tensors, not float32
+    upcast_recompute: float32 normalisation, gelu and cross-entropy that keep 16-bit tensors, not float32
         copies, for the backward pass.
     attention: float32 attention scores in MultiHeadAttention and `ops.dot_product_attention`.
     dataflow: attention scores and normalisation statistics found by what the traced graph
         computes (a matmul of two activations feeding a softmax; a root of a mean of squares),
         rebuilt in float32.
-    matmul: `Matmul16DTypePolicy` (float32 layers with 16-bit matmuls) and its matmul rule.
+    matmul: the matmul rule that makes `Matmul16DTypePolicy` layers' matmuls 16-bit.
     installer: replacing and restoring the Keras objects, driven by `keras_amp.enable()`.
 """
 
-from keras_amp.op_rules.matmul import Matmul16DTypePolicy
 from keras_amp.op_rules.installer import (
     ORIGINALS,
     install,
@@ -55,7 +54,6 @@ __all__ = [
     "HAZARD_DTYPES",
     "LOW_PRECISION",
     "MATMUL16_OP",
-    "Matmul16DTypePolicy",
     "NORM_STAT_OP",
     "NOT_REACHED",
     "ORIGINALS",

@@ -35,12 +35,12 @@ from keras_amp.op_rules.float32_ops import (
     float32_probabilities,
     float32_root,
 )
-from keras_amp.op_rules.lean import (
-    lean_batch_normalization,
-    lean_gelu,
-    lean_layer_normalization,
-    lean_moments,
-    lean_sparse_categorical_crossentropy,
+from keras_amp.op_rules.upcast_recompute import (
+    upcast_recompute_batch_normalization,
+    upcast_recompute_gelu,
+    upcast_recompute_layer_normalization,
+    upcast_recompute_moments,
+    upcast_recompute_sparse_categorical_crossentropy,
 )
 from keras_amp.op_rules.matmul import matmul16
 from keras_amp.op_rules.table import (
@@ -67,16 +67,16 @@ _FACTORIES: dict[str, Callable | None] = {
     "keras.src.backend.tensorflow.math.logsumexp": float32_input_dtype,
     MHA_COMPUTE: mha_attention_rule,
     MHA_CALL: None,
-    f"{TF_NN}.batch_normalization": lambda f: lean_batch_normalization(float32_batch_normalization(f)),
-    f"{TF_NN}.moments": lean_moments,
-    f"{_OPS_NN}._layer_normalization": lean_layer_normalization,
+    f"{TF_NN}.batch_normalization": lambda f: upcast_recompute_batch_normalization(float32_batch_normalization(f)),
+    f"{TF_NN}.moments": upcast_recompute_moments,
+    f"{_OPS_NN}._layer_normalization": upcast_recompute_layer_normalization,
     f"{_OPS_NN}._normalize": float32_input_dtype,
     "keras.src.backend.tensorflow.numpy.std": float32_input_dtype,
     "keras.src.backend.tensorflow.numpy.arange": float16_arange,
-    f"{TF_NN}.gelu": lean_gelu,
+    f"{TF_NN}.gelu": upcast_recompute_gelu,
     f"{TF_NN}.categorical_crossentropy": float32_loss_rule("Softmax"),
     f"{_OPS_NN}.CategoricalCrossentropy.compute_output_spec": float32_loss_spec,
-    f"{TF_NN}.sparse_categorical_crossentropy": lambda f: lean_sparse_categorical_crossentropy(float32_loss_rule("Softmax")(f)),
+    f"{TF_NN}.sparse_categorical_crossentropy": lambda f: upcast_recompute_sparse_categorical_crossentropy(float32_loss_rule("Softmax")(f)),
     f"{_OPS_NN}.SparseCategoricalCrossentropy.compute_output_spec": float32_loss_spec,
     f"{TF_NN}.binary_crossentropy": float32_loss_rule("Sigmoid"),
     f"{_OPS_NN}.BinaryCrossentropy.compute_output_spec": float32_loss_spec,

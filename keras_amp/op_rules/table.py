@@ -57,7 +57,7 @@ MHA_COMPUTE = "keras.src.layers.attention.multi_head_attention.MultiHeadAttentio
 MHA_CALL = "keras.src.layers.attention.multi_head_attention.MultiHeadAttention.call"
 LAYER_CALL = "keras.src.layers.layer.Layer.__call__"
 LAYER_OPEN_SCOPE = "keras.src.layers.layer.Layer._open_name_scope"
-# The memory half of the normalisation rules (`keras_amp.op_rules.lean`).
+# The memory half of the normalisation rules (`keras_amp.op_rules.upcast_recompute`).
 LEAN = (
     "Memory: the backward pass keeps the 16-bit input, not its float32 upcast, and redoes the "
     "exact upcast there (graph mode; a float32 input that is no upcast is kept as is)"

@@ -25,7 +25,7 @@ import tensorflow as tf  # noqa: E402
 
 import keras_amp  # noqa: E402
 from auto_precision_models import Amplify, regression_data  # noqa: E402
-from keras_amp.auto_precision import Float32Fallback, ProgressivePrecision, _policies  # noqa: E402
+from keras_amp.auto_precision import Float32Fallback, ProgressivePrecision, model_policies  # noqa: E402
 
 mode, backup_dir = sys.argv[1], sys.argv[2]
 EPOCHS = 4
@@ -50,7 +50,7 @@ def state(model):
     return dict(
         digest=digest,
         weights=len(model.get_weights()),
-        policies=_policies.policy_names(model),
+        policies=model_policies.policy_names(model),
         # Unbuilt before the first step of a fresh run (BackupAndRestore builds it to restore).
         scale=float(opt.dynamic_scale.numpy()) if opt.built else None,
         overflow_count=int(opt.overflow_count.numpy()) if opt.built else 0,

@@ -8,14 +8,14 @@ import tensorflow as tf
 
 import keras_amp
 from auto_precision_models import regression_data, sensitive_model
-from keras_amp.auto_precision import _policies
+from keras_amp.auto_precision import model_policies
 
 X, Y = regression_data(n=64)
 
 
 def _mixed_trained(policy, callbacks=()):
     model = sensitive_model(policy)
-    _policies.set_policies(model, {"sensitive": "float32"})
+    model_policies.set_policies(model, {"sensitive": "float32"})
     model.compile(keras_amp.wrap(keras.optimizers.Adam(1e-2)), "mse")
     model.fit(X, Y, batch_size=16, epochs=2, verbose=0, callbacks=list(callbacks))
     return model

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from auto_precision_models import Amplify, SubclassedSensitive, regression_data, sensitive_model
-from keras_amp.auto_precision import _policies, export_for_inference, weight_bytes
+from keras_amp.auto_precision import model_policies, export_for_inference, weight_bytes
 
 X, _ = regression_data(n=32)
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -19,24 +19,24 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _float32_reference(model):
     """The model's outputs with every layer float32 (same weights), in float64."""
-    with _policies.temporary_policies(model):
-        _policies.set_policies(model, {p: "float32" for p in _policies.policy_names(model)})
+    with model_policies.temporary_policies(model):
+        model_policies.set_policies(model, {p: "float32" for p in model_policies.policy_names(model)})
         return np.asarray(model(X, training=False), np.float64)
 
 
 def _trained_island_model(policy, sensitive=None):
     kwargs = {} if sensitive is None else {"sensitive": sensitive}
     model = sensitive_model(policy, **kwargs)
-    _policies.set_policies(model, {"sensitive": "float32"})  # the island a search or recipe chose
+    model_policies.set_policies(model, {"sensitive": "float32"})  # the island a search or recipe chose
     return model
 
 
 def test_bfloat16_export_keeps_island_halves_memory_and_matches_float32():
     model = _trained_island_model("mixed_bfloat16")
-    before = {p: n for p, n in _policies.policy_names(model).items()}
+    before = {p: n for p, n in model_policies.policy_names(model).items()}
     result = export_for_inference(model, "bfloat16")
     copy = result.model
-    assert _policies.policy_names(model) == before  # the source is untouched
+    assert model_policies.policy_names(model) == before  # the source is untouched
     assert copy.get_layer("d1").dtype_policy.name == "bfloat16"
     assert copy.get_layer("d1").kernel.dtype == "bfloat16"
     assert copy.get_layer("sensitive").dtype_policy.name == "float32"
@@ -61,7 +61,7 @@ def test_float16_export_keeps_overflow_island_finite_where_plain_float16_is_not(
 
 def test_a_float32_layer_with_weights_keeps_its_bytes_ratio_is_half_plus_half_its_share():
     model = sensitive_model("mixed_bfloat16")
-    _policies.set_policies(model, {"out": "float32"})  # a float32 head, as the "cnn" recipe keeps it
+    model_policies.set_policies(model, {"out": "float32"})  # a float32 head, as the "cnn" recipe keeps it
     result = export_for_inference(model, "bfloat16")
     d1, out = 8 * 16 + 16, 16 * 1 + 1  # parameters: Dense(16) on 8 inputs, Dense(1) on 16
     assert result.float32_layers == ("out",)
@@ -108,7 +108,7 @@ def test_subclassed_model_needs_a_sample_and_then_exports():
     keras.utils.set_random_seed(0)
     model = SubclassedSensitive()
     model(X[:2])
-    _policies.set_policies(model, {"sensitive": "float32"})
+    model_policies.set_policies(model, {"sensitive": "float32"})
     with pytest.raises(ValueError, match="sample="):
         export_for_inference(model, "bfloat16")
     result = export_for_inference(model, "bfloat16", sample=X[:2])

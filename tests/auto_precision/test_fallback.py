@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import keras_amp
 from auto_precision_models import Amplify, regression_data, sensitive_model
-from keras_amp.auto_precision import Float32Fallback, _policies
+from keras_amp.auto_precision import Float32Fallback, model_policies
 
 X, Y = regression_data(n=64)
 DS = tf.data.Dataset.from_tensor_slices((X, Y)).batch(16)
@@ -29,20 +29,20 @@ def test_without_fallback_the_loss_stays_non_finite():
 
 def test_fallback_moves_only_the_producing_layer_and_training_recovers(tmp_path):
     model = _overflowing_model()
-    before = _policies.policy_names(model)
+    before = model_policies.policy_names(model)
     fallback = Float32Fallback((X[:16], Y[:16]), patience=2)
     history = model.fit(DS, epochs=3, verbose=0, callbacks=[fallback])
     assert [d.layer for d in fallback.decisions] == ["sensitive"]
     assert fallback.decisions[0].step == 2  # after `patience` overflowing checks
     assert "producer" in fallback.decisions[0].evidence and fallback.gave_up is None
-    after = _policies.policy_names(model)
+    after = model_policies.policy_names(model)
     assert after["sensitive"] == "float32"
     assert {p: n for p, n in after.items() if p != "sensitive"} == {p: n for p, n in before.items() if p != "sensitive"}
     assert math.isfinite(history.history["loss"][-1])
     # The decision is in the layer's config: a reload trains the same way.
     model.save(tmp_path / "m.keras")
     reloaded = keras.models.load_model(tmp_path / "m.keras")
-    assert _policies.policy_names(reloaded) == after
+    assert model_policies.policy_names(reloaded) == after
     again = reloaded.fit(DS, epochs=1, verbose=0)
     assert math.isfinite(again.history["loss"][-1])
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from auto_precision_models import Amplify, Offset, SubclassedSensitive, regression_data, sensitive_model
-from keras_amp.auto_precision import _policies, search_precision
+from keras_amp.auto_precision import model_policies, search_precision
 from keras_amp.auto_precision import search as search_module
 
 X, Y = regression_data()
@@ -17,18 +17,18 @@ BATCHES = [(X[:64], Y[:64]), (X[64:128], Y[64:128])]
 
 def _passes(model, float32_paths, tolerance):
     """Brute-force oracle: does keeping exactly `float32_paths` float32 meet the tolerance?"""
-    with _policies.temporary_policies(model):
-        _policies.set_policies(model, {p: "float32" for p in _policies.policy_names(model)})
+    with model_policies.temporary_policies(model):
+        model_policies.set_policies(model, {p: "float32" for p in model_policies.policy_names(model)})
         ref = search_module._run(model, BATCHES, keras.losses.get("mse"))
-    with _policies.temporary_policies(model):
-        _policies.set_policies(model, {p: "float32" for p in float32_paths})
+    with model_policies.temporary_policies(model):
+        model_policies.set_policies(model, {p: "float32" for p in float32_paths})
         errors = search_module._errors(search_module._run(model, BATCHES, keras.losses.get("mse")), ref)
     return errors.finite and errors.loss <= tolerance
 
 
 def test_finds_only_the_sensitive_layer_and_matches_brute_force():
     model = sensitive_model("mixed_bfloat16")
-    before = _policies.policy_names(model)
+    before = model_policies.policy_names(model)
     result = search_precision(model, BATCHES, tolerance=0.01)
     assert result.float32_layers == ("sensitive",)
     assert result.rules == {"sensitive": "float32"}
@@ -42,7 +42,7 @@ def test_finds_only_the_sensitive_layer_and_matches_brute_force():
     smallest = min(len(s) for s in passing)
     assert smallest == 1 and [s for s in passing if len(s) == smallest] == [{"sensitive"}]
     # The model comes back with the policies it had; passes are as documented (2 + N + log + prune).
-    assert _policies.policy_names(model) == before
+    assert model_policies.policy_names(model) == before
     assert result.passes_per_batch == 2 + 3 + math.ceil(math.log2(3 + 1))
     top = max(result.layers, key=lambda d: d.sensitivity.loss)
     assert top.path == "sensitive" and top.decision == "float32" and "tolerance" in top.reason

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 
 from keras_amp import _compat, layer_policies, model_graph
-from keras_amp.op_rules.matmul import Matmul16DTypePolicy
+from keras_amp.matmul16_policy import Matmul16DTypePolicy
 
 FLOAT32 = "float32"
 

@@ -1,4 +1,4 @@
-"""The lean float32 rules (`keras_amp.op_rules.lean`): Keras's float32 moments, batch and layer
+"""The upcast-recompute float32 rules (`keras_amp.op_rules.upcast_recompute`): Keras's float32 moments, batch and layer
 normalisation, sparse cross-entropy and gelu, with only 16-bit tensors kept for the backward pass.
 
 Each rule is checked three ways: its forward pass against Keras's (bit for bit where the ops are
@@ -20,7 +20,7 @@ from keras.src.ops import nn as ops_nn
 import keras_amp
 from keras_amp import op_rules
 from keras_amp.diagnostics import saved_activations
-from keras_amp.op_rules import installer, lean
+from keras_amp.op_rules import installer, upcast_recompute
 
 pytestmark = pytest.mark.filterwarnings("ignore:mixed_.* requested:keras_amp.AmpWarning")
 
@@ -264,17 +264,17 @@ def test_gelu_float16_gradient_is_finite_where_stocks_is_nan():
 
 def test_eager_float32_inputs_run_kerass_original():
     # A float32 eager tensor has no producing op: no 16-bit source, the original runs.
-    assert lean.source16(tf.ones((2,), tf.float32)) is None
-    assert lean.source16(np.ones((2,), np.float16)) is None
+    assert upcast_recompute.source16(tf.ones((2,), tf.float32)) is None
+    assert upcast_recompute.source16(np.ones((2,), np.float16)) is None
     x16 = tf.ones((2,), tf.bfloat16)
-    assert lean.source16(x16) is x16
+    assert upcast_recompute.source16(x16) is x16
 
     @tf.function
     def sources():
         up = tf.cast(x16 + 0, tf.float32)
-        assert lean.source16(up) is up.op.inputs[0]
-        assert lean.source16(up + 1) is None  # not an upcast
-        assert lean.source16(tf.cast(tf.ones((2,), tf.float64), tf.float32)) is None
+        assert upcast_recompute.source16(up) is up.op.inputs[0]
+        assert upcast_recompute.source16(up + 1) is None  # not an upcast
+        assert upcast_recompute.source16(tf.cast(tf.ones((2,), tf.float64), tf.float32)) is None
         return up
 
     sources()
@@ -331,12 +331,12 @@ def test_recomputed_upcasts_wait_for_the_incoming_gradient():
     keras_amp.enable("mixed_bfloat16")
     model = _block("mixed_bfloat16")
     assert not [t for t in saved_activations(model, x, y).tensors if t.early and t.bytes > 1024]
-    original = lean.recompute_upcast
+    original = upcast_recompute.recompute_upcast
     try:
-        lean.recompute_upcast = lambda x16, *grads: tf.cast(x16, tf.float32)
+        upcast_recompute.recompute_upcast = lambda x16, *grads: tf.cast(x16, tf.float32)
         early = [t for t in saved_activations(model, x, y).tensors if t.early and t.dtype == "float32"]
     finally:
-        lean.recompute_upcast = original
+        upcast_recompute.recompute_upcast = original
     assert sum(t.bytes for t in early) >= 8 * 16 * 32 * 4
     # ... and attributed to the layers whose backward pass they belong to.
     assert {t.layer for t in early if t.bytes >= 8 * 16 * 32 * 4} <= {"bn", "ln", "ffn", "(loss)"}

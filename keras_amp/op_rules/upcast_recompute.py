@@ -139,7 +139,7 @@ def _float32_moments(x: tf.Tensor, x16: tf.Tensor, axes: list[int], keepdims: bo
     return moments(x)
 
 
-def lean_moments(original: Callable) -> Callable:
+def upcast_recompute_moments(original: Callable) -> Callable:
     def moments(x, axes, keepdims=False, synchronized=False):
         x16 = None if synchronized else source16(x)
         if x16 is None:
@@ -202,7 +202,7 @@ def _float32_batch_normalization(x, x16, mean, variance, offset, scale, epsilon)
     return batch_normalization(x, mean, variance, *[t for t in (offset, scale) if t is not None])
 
 
-def lean_batch_normalization(original: Callable) -> Callable:
+def upcast_recompute_batch_normalization(original: Callable) -> Callable:
     """Wraps the float32 batch-normalisation rule (`float32_ops.float32_batch_normalization`)."""
 
     def batch_normalization(x, mean, variance, axis, offset=None, scale=None, epsilon=1e-3):
@@ -258,7 +258,7 @@ def _float32_layer_normalization(x, x16, gamma, beta, axes, epsilon):
     return layer_normalization(x, *[t for t in (gamma, beta) if t is not None])
 
 
-def lean_layer_normalization(original: Callable) -> Callable:
+def upcast_recompute_layer_normalization(original: Callable) -> Callable:
     """Replaces `keras.src.ops.nn._layer_normalization` (what `ops.layer_normalization` and
     `LayerNormalization` run)."""
 
@@ -313,7 +313,7 @@ def _float32_sparse_cross_entropy(labels: tf.Tensor, logits: tf.Tensor, logits16
     return cross_entropy(logits)
 
 
-def lean_sparse_categorical_crossentropy(original: Callable) -> Callable:
+def upcast_recompute_sparse_categorical_crossentropy(original: Callable) -> Callable:
     """Wraps the float32 loss rule (`float32_ops.float32_loss_rule`) for integer targets and logits."""
 
     def sparse_categorical_crossentropy(target, output, from_logits=False, axis=-1):
@@ -348,7 +348,7 @@ def _gelu_derivative(x: tf.Tensor, approximate: bool) -> tf.Tensor:
     return 0.5 * tf.math.erfc(-x * _RSQRT_2) + x * tf.exp(-0.5 * x * x) * _RSQRT_2PI
 
 
-def lean_gelu(original: Callable) -> Callable:
+def upcast_recompute_gelu(original: Callable) -> Callable:
     """Replaces the TF backend's `gelu`: float32 forward and backward, keeping only the 16-bit x.
 
     TensorFlow's gelu is composite (`0.5 * x * erfc(-x / sqrt(2))`, or the tanh form with
