@@ -4,15 +4,72 @@ Importing `keras_amp` imports TensorFlow and Keras (several seconds), which `ker
 troubleshoot` and `--help` (static text) do not need. So this module loads `keras_amp/cli.py`
 from the package's folder without running the package's `__init__`; `cli.py` imports only the
 standard library at the top, and `doctor` and `check` import keras_amp when they run.
+
+It also keeps TensorFlow's start-up banner out of `doctor` and `check` (and of the examples,
+which import `import_tensorflow_quietly` from here): see `banner_filtered`.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
+import tempfile
 
 _NAME = "_keras_amp_console_cli"
+
+# Set by us (not the user): child processes quiet their own TensorFlow import too.
+QUIET_ENV = "KERAS_AMP_QUIET_TF"
+# TensorFlow 2.21 writes its import-time lines through absl's C++ log before it is initialised,
+# which TF_CPP_MIN_LOG_LEVEL does not filter: INFO lines and absl's notice about them.
+_BANNER = re.compile(r"I\d{4} [\d:. ]+\d+ \S+:\d+\] |WARNING: All log messages before absl::InitializeLog\(\)")
+_NO_DRIVER = "Could not find cuda drivers"
+_NO_DRIVER_CUINIT = re.compile(r"E\d{4} [\d:. ]+\d+ cuda_platform\.cc:\d+\] failed call to cuInit")
+
+
+def quiet_tensorflow_by_default() -> None:
+    """Sets TF_CPP_MIN_LOG_LEVEL=2 (warnings and errors) unless the user set it; call it before
+    anything imports TensorFlow. A level the user set is left alone, banner and all."""
+    if "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
+        os.environ.update({"TF_CPP_MIN_LOG_LEVEL": "2", QUIET_ENV: "1"})
+
+
+def banner_filtered(text: str) -> str:
+    """`text` (stderr of TensorFlow's import) without the start-up banner; warnings and errors stay.
+
+    "failed call to cuInit" is dropped only where TensorFlow also said that the machine has no CUDA
+    driver: then the error is the expected one of a CPU-only machine, not a broken GPU set-up.
+    """
+    no_driver = _NO_DRIVER in text
+    kept = [line for line in text.splitlines(keepends=True)
+            if not _BANNER.match(line) and not (no_driver and _NO_DRIVER_CUINIT.match(line))]
+    return "".join(kept)
+
+
+def import_tensorflow_quietly() -> None:
+    """Imports TensorFlow and lists its devices with the banner filtered out (see `banner_filtered`).
+
+    A no-op when TensorFlow is already imported or the user set TF_CPP_MIN_LOG_LEVEL.
+    """
+    quiet_tensorflow_by_default()
+    if "tensorflow" in sys.modules or os.environ.get(QUIET_ENV) != "1":
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)  # the banner is written by C++ to file descriptor 2
+        try:
+            import tensorflow as tf
+
+            tf.config.list_physical_devices()  # device discovery logs the CUDA lines
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            sys.stderr.write(banner_filtered(capture.read().decode("utf-8", "replace")))
+            sys.stderr.flush()
 
 
 def load_standalone(relative_path: str, name: str):
@@ -32,7 +89,7 @@ def load_standalone(relative_path: str, name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    return load_standalone("cli.py", _NAME).main(argv)
+    return load_standalone("cli.py", _NAME).main(argv, before_tensorflow=import_tensorflow_quietly)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ CLEAN, FINDINGS, BAD_INPUT = 0, 1, 2
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    args.before_tensorflow()
     from keras_amp import doctor
 
     sections = doctor.collect()
@@ -83,6 +84,7 @@ def _load_model(path: str, policy: str | None):
 def _check(args: argparse.Namespace) -> int:
     import warnings
 
+    args.before_tensorflow()
     from keras_amp.diagnostics import symptoms
     from keras_amp.diagnostics.check import check_model
     from keras_amp.diagnostics.overflow import find_overflow
@@ -216,10 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, before_tensorflow=None) -> int:
+    """Runs the command in `argv`; `before_tensorflow()` runs before a command imports TensorFlow
+    (the entry point passes one that keeps TensorFlow's start-up banner out of the output)."""
     args, unknown = build_parser().parse_known_args(argv)
     if unknown:  # said by the command's parser, with its usage, not the top-level one
         args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.before_tensorflow = before_tensorflow or (lambda: None)
     return args.func(args)
 
 
