@@ -97,17 +97,20 @@ class AmpConfig:
                     f"Received: {name}={getattr(self, name)!r}"
                 )
 
-    def fingerprint_fields(self, *, model: Any = None, optimizer: Any = None) -> dict[str, str]:
+    def fingerprint_fields(self, *, layers: Any = None, optimizer: Any = None) -> dict[str, str]:
         """Settings that must be identical on every replica and worker, by name.
 
         The device summary and the reason are left out: workers may legitimately run on
-        different hardware as long as they run the same settings.
+        different hardware as long as they run the same settings. `layers`: the model's
+        `(path, layer)` pairs as `keras_amp.model_graph.walk(model)` yields them (the one layer
+        list the recipes and the plan use too); their dtype policies become a field.
         """
         if optimizer is not None:
             validation.check_type("optimizer", optimizer, keras.optimizers.Optimizer,
                                   "a keras.optimizers.Optimizer or None")
-        if model is not None:
-            validation.check_type("model", model, keras.layers.Layer, "a keras.Model (or keras.layers.Layer) or None")
+        if layers is not None:
+            layers = validation.check_pairs("layers", layers, (str, keras.layers.Layer),
+                                            "(path, layer) pairs, e.g. keras_amp.model_graph.walk(model)")
         fields = {
             "policy": self.policy,
             "compute_dtype": self.compute_dtype,
@@ -121,13 +124,13 @@ class AmpConfig:
         }
         if optimizer is not None:
             fields["loss_scale"] = _loss_scale_description(optimizer)
-        if model is not None:
-            fields["layer_policies"] = _layer_policies_description(model)
+        if layers is not None:
+            fields["layer_policies"] = json.dumps([(path, layer.dtype_policy.name) for path, layer in layers])
         return fields
 
-    def fingerprint(self, *, model: Any = None, optimizer: Any = None) -> str:
+    def fingerprint(self, *, layers: Any = None, optimizer: Any = None) -> str:
         """A stable hex digest of `fingerprint_fields()`."""
-        return digest(self.fingerprint_fields(model=model, optimizer=optimizer))
+        return digest(self.fingerprint_fields(layers=layers, optimizer=optimizer))
 
 
 def digest(fields: dict[str, str]) -> str:
@@ -143,14 +146,6 @@ def _loss_scale_description(optimizer: Any) -> str:
     config = {k: v for k, v in optimizer.get_config().items() if k not in ("name", "inner_optimizer")}
     cls = type(optimizer)
     return json.dumps({"class": f"{cls.__module__}.{cls.__qualname__}", **config}, sort_keys=True, default=str)
-
-
-def _layer_policies_description(model: Any) -> str:
-    """Every layer's path and dtype policy name, in model order."""
-    # Keras 3.15 API, also used by summary(). Not model_graph.walk: model_graph imports this
-    # module, and imports point downward only.
-    layers = model._flatten_layers(include_self=False, recursive=True)
-    return json.dumps([(layer.path, layer.dtype_policy.name) for layer in layers])
 
 
 @dataclasses.dataclass(frozen=True)

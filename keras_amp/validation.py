@@ -142,6 +142,20 @@ def check_callable(name: str, value: Any) -> Callable:
     return value
 
 
+def check_pairs(name: str, value: Any, types: tuple[type, type], allowed: str) -> list[tuple[Any, Any]]:
+    """An iterable (not a string) of 2-tuples whose items have `types`; returned as a list."""
+    def refuse(what):
+        raise TypeError(f"`{name}` must be an iterable of {allowed}, or None. {what}")
+
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__") or hasattr(value, "dtype_policy"):
+        refuse(_typed(name, value))  # a layer is iterable in no useful way: say so, not "bad element"
+    pairs = list(value)
+    for pair in pairs:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(p, t) for p, t in zip(pair, types))):
+            refuse(f"Received an element: {pair!r}")
+    return pairs
+
+
 def check_no_extra_kwargs(where: str, kwargs: dict[str, Any], allowed: Iterable[str] = ()) -> None:
     """TypeError naming every keyword argument `where` does not take."""
     allowed = tuple(allowed)

@@ -328,7 +328,7 @@ BAD = [
     ("AmpConfig", "device", None, TypeError),
     ("AmpConfig", "requested", 3, TypeError),
     ("AmpConfig", "reason", b"x", TypeError),
-    ("fingerprint_fields", "model", "x", TypeError),
+    ("fingerprint_fields", "layers", "x", TypeError),
     ("fingerprint_fields", "optimizer", "x", TypeError),
     # DeviceInfo / GpuInfo
     ("DeviceInfo", "gpus", ("A100",), TypeError),

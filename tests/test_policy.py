@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import keras_amp
-from keras_amp import hardware, policy
+from keras_amp import hardware, model_graph, policy
 from keras_amp.hardware import DeviceInfo, GpuInfo
 
 ZEN4 = DeviceInfo(cpu_model="AMD EPYC", cpu_flags=frozenset({"avx512f", "avx512_bf16"}), onednn_enabled=True)
@@ -240,13 +240,19 @@ def test_fingerprint_includes_optimizer_and_layer_policies():
     plain = keras.optimizers.SGD()
     scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(), initial_scale=2.0**10)
     scaled_other = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(), initial_scale=2.0**12)
-    fields = config.fingerprint_fields(model=model, optimizer=scaled)
+    fields = config.fingerprint_fields(layers=model_graph.walk(model), optimizer=scaled)
+    # The recipes' layer list (model_graph.walk): paths below the model, in model order.
+    assert json.loads(fields["layer_policies"]) == [[path, layer.dtype_policy.name]
+                                                    for path, layer in model_graph.walk(model)]
     assert json.loads(fields["layer_policies"])[-1][1] == "float32"
     assert json.loads(fields["loss_scale"])["initial_scale"] == 2.0**10
     assert config.fingerprint_fields(optimizer=plain)["loss_scale"] == "none"
     assert config.fingerprint(optimizer=scaled) != config.fingerprint(optimizer=scaled_other)
     other_model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(2)])
-    assert config.fingerprint(model=model) != config.fingerprint(model=other_model)
+    assert (config.fingerprint(layers=model_graph.walk(model))
+            != config.fingerprint(layers=model_graph.walk(other_model)))
+    with pytest.raises(TypeError, match=r"`layers` must be an iterable of \(path, layer\) pairs"):
+        config.fingerprint_fields(layers=model)  # the model itself, not its walk
 
 
 def _build_and_call(layer, x):
@@ -495,11 +501,13 @@ def test_amp_config_describes_any_keras_float_policy():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        pytest.param(dict(model="x"), r"`model` must be a keras.Model .*Received: model='x'", id="model_string"),
+        pytest.param(dict(layers="x"), r"`layers` must be an iterable of \(path, layer\) pairs.*Received: layers='x'",
+                     id="layers_string"),
+        pytest.param(dict(layers=[("a", 1)]), r"`layers` must .*Received an element: \('a', 1\)", id="layers_element"),
         pytest.param(dict(optimizer="x"), r"`optimizer` must be a keras.optimizers.Optimizer", id="optimizer_string"),
     ],
 )
-def test_fingerprint_fields_rejects_non_models(kwargs, match):
+def test_fingerprint_fields_rejects_what_is_not_a_layer_list_or_optimizer(kwargs, match):
     config = policy.AmpConfig(**_config_fields())
     with pytest.raises(TypeError, match=match):
         config.fingerprint_fields(**kwargs)

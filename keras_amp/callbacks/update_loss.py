@@ -44,10 +44,10 @@ class UpdateLossChecks:
         self.update_loss = vanishing_updates.by_layer(fractions)
         if logs is not None and self.update_loss:
             logs["update_loss_max"] = max(max(m.values()) for m in self.update_loss.values())
-        lines = vanishing_updates.advice(fractions, self.update_loss_threshold)
-        if lines:
-            bad = [line.split(":", 1)[0] for line in lines]
+        found = vanishing_updates.vanishing_layers(fractions, self.update_loss_threshold)
+        if found:
+            bad = [f.layer for f in found]
             weights_16bit = any(storage.is_16bit_storage(v) for v in self._update_probe.variables
                                 if v.path.rsplit("/", 1)[0] in bad)
-            self._report("updates_vanish", {"weights_16bit": weights_16bit}, "; ".join(lines),
+            self._report("updates_vanish", {"weights_16bit": weights_16bit}, "; ".join(f.advice for f in found),
                          layers=", ".join(bad))

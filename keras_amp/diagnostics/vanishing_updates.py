@@ -21,6 +21,8 @@ one step in every N and logs the fractions.
 
 from __future__ import annotations
 
+import dataclasses
+
 import keras
 import tensorflow as tf
 
@@ -122,16 +124,32 @@ def by_layer(fractions: dict[str, dict[str, float]]) -> dict[str, dict[str, floa
     return out
 
 
-def advice(fractions: dict[str, dict[str, float]], threshold: float = 0.5) -> list[str]:
-    """One line per layer whose updates mostly vanish (lost or stalled >= threshold), with what to do."""
-    lines = []
-    layers = by_layer(fractions)
-    for layer, m in sorted(layers.items(), key=lambda kv: -max(kv[1].values())):
-        if max(m.values()) >= threshold:
-            lines.append(
-                f"{layer}: updates vanish ({m['lost']:.0%} of the requested change lost to rounding, "
-                f"{m['stalled']:.0%} of its weights did not move). 16-bit weights round small updates "
+@dataclasses.dataclass(frozen=True)
+class VanishingLayer:
+    """A layer whose updates mostly vanish: `lost` of the requested change was lost to rounding,
+    `stalled` of its weights did not move (the worst of its weights, each in [0, 1])."""
+
+    layer: str
+    lost: float
+    stalled: float
+
+    @property
+    def advice(self) -> str:
+        return (f"{self.layer}: updates vanish ({self.lost:.0%} of the requested change lost to rounding, "
+                f"{self.stalled:.0%} of its weights did not move). 16-bit weights round small updates "
                 "away: train it with compensation (keras_amp.optimizers.LeanAdam) or keep a float32 "
                 "master for this layer (a mixed policy, keras_amp.enable('mixed_bfloat16'), or "
                 "dtype='mixed_bfloat16' on the layer).")
-    return lines
+
+
+def vanishing_layers(fractions: dict[str, dict[str, float]], threshold: float = 0.5) -> list[VanishingLayer]:
+    """The layers whose updates mostly vanish (lost or stalled >= threshold), worst first."""
+    layers = by_layer(fractions)
+    return [VanishingLayer(layer, m["lost"], m["stalled"])
+            for layer, m in sorted(layers.items(), key=lambda kv: -max(kv[1].values()))
+            if max(m.values()) >= threshold]
+
+
+def advice(fractions: dict[str, dict[str, float]], threshold: float = 0.5) -> list[str]:
+    """One line per layer whose updates mostly vanish (`vanishing_layers`), with what to do."""
+    return [found.advice for found in vanishing_layers(fractions, threshold)]

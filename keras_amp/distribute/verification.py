@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from keras_amp import model_graph
 from keras_amp import policy as amp_policy
 from keras_amp import validation
 
@@ -156,7 +157,8 @@ def verify(
         validation.check_type("optimizer", optimizer, keras.optimizers.Optimizer, "a Keras optimizer or None")
     timeout_seconds = check_timeout_seconds(timeout_seconds)
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout_seconds)
-    fields = current_config().fingerprint_fields(model=model, optimizer=optimizer)
+    layers = None if model is None else model_graph.walk(model)  # the recipes' layer list
+    fields = current_config().fingerprint_fields(layers=layers, optimizer=optimizer)
     names = sorted(fields)
     if strategy.num_replicas_in_sync == 1:
         return fields

@@ -96,3 +96,15 @@ def test_bad_arguments():
         vu.UpdateLossProbe("model")
     with pytest.raises(TypeError, match="optimizer"):
         vu.UpdateLossProbe(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
+
+
+def test_vanishing_layers_are_structured_worst_first_and_at_the_threshold():
+    fractions = {"enc/dense/kernel": {"lost": 0.2, "stalled": 0.9},
+                 "enc/dense/bias": {"lost": 0.6, "stalled": 0.1},  # the layer's worst of each measure
+                 "head/kernel": {"lost": 0.5, "stalled": 0.0},  # exactly at the threshold: reported
+                 "ok/kernel": {"lost": 0.49, "stalled": 0.3}}
+    found = vu.vanishing_layers(fractions, threshold=0.5)
+    assert [(f.layer, f.lost, f.stalled) for f in found] == [("enc/dense", 0.6, 0.9), ("head", 0.5, 0.0)]
+    assert vu.advice(fractions, 0.5) == [f.advice for f in found]
+    assert found[0].advice.startswith("enc/dense: updates vanish (60% ") and "90% of its weights" in found[0].advice
+    assert vu.vanishing_layers(fractions, threshold=0.95) == []
