@@ -61,7 +61,7 @@ def _batched_by(dataset: tf.data.Dataset) -> str | None:
     """The batching transformation upstream of `dataset` (e.g. "_BatchDataset"), or None if none is seen.
 
     Reads tf.data's transformation chain (`Dataset._inputs()`, a private method of TF 2.x
-    datasets; tests/distribute/test_distribute_units.py fails if that changes). A dataset that
+    datasets; tests/distribute/test_data.py fails if that changes). A dataset that
     reads batches from files or a generator is not recognised.
     """
     pending = [_check_dataset(dataset)]
