@@ -41,6 +41,7 @@ OP_RULES = "op rules (float32 softmax, normalisation, losses)"
 OP_ATTENTION = "op rules (float32 attention scores)"
 OP_MATMUL = "op rules (16-bit matmuls in Matmul16DTypePolicy layers)"
 OP_LEAN = "op rules (16-bit tensors kept for the backward pass)"
+OP_DROPOUT = "op rules (16-bit dropout masks from half the random words)"
 ATTENTION_LAYER = "keras_amp.layers.MultiHeadAttention"
 RECURRENT_LAYERS = "keras_amp.layers.LSTM / GRU"
 FLOAT32_LAYERS = "keras_amp float32-island layers"
@@ -104,6 +105,10 @@ PINS: tuple[Pin, ...] = (
     Pin("keras.src.backend.tensorflow.numpy.std", "06356e76fd7e60f7", (OP_RULES,)),
     Pin("keras.src.backend.tensorflow.numpy.arange", "9c656b29403a9806", (OP_RULES,)),
     Pin("keras.src.backend.tensorflow.nn.gelu", "edb8d0940a01c8d5", (OP_LEAN,)),
+    Pin("keras.src.backend.tensorflow.random.dropout", "47a159de0b6729e2", (OP_DROPOUT,)),
+    Pin("keras.src.backend.tensorflow.random._cast_seed", "7a39858b011b145d", (OP_DROPOUT,)),
+    Pin("keras.src.backend.tensorflow.random._get_concrete_noise_shape", "9a5a926ba4daa72a", (OP_DROPOUT,)),
+    Pin("keras.src.random.seed_generator.draw_seed", "fa9c160c92e8fb0e", (OP_DROPOUT,)),
     Pin("keras.src.backend.tensorflow.nn.categorical_crossentropy", "a2cb8f1dacc6a411", (OP_RULES,)),
     Pin("keras.src.ops.nn.CategoricalCrossentropy.compute_output_spec", "c729e7e6cb6f7d01", (OP_RULES,)),
     Pin("keras.src.backend.tensorflow.nn.sparse_categorical_crossentropy", "8dd1e34615666cea", (OP_RULES, OP_LEAN,)),

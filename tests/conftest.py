@@ -12,6 +12,7 @@ import tensorflow as tf  # noqa: E402
 import keras_amp  # noqa: E402
 from keras_amp import op_rules  # noqa: E402
 from keras_amp import policy as amp_policy  # noqa: E402
+from keras_amp.distribute import trainer_fix  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -25,3 +26,21 @@ def restore_globals():
     keras.config.set_dtype_policy(saved_policy)
     tf.config.experimental.enable_tensor_float_32_execution(saved_tf32)
     keras.backend.clear_session()
+
+
+@pytest.fixture
+def no_op_rules():
+    """The op rules uninstalled before and after the test (a test may install them directly)."""
+    op_rules.uninstall()
+    yield
+    op_rules.uninstall()
+
+
+@pytest.fixture
+def stock_keras(no_op_rules):
+    """Keras as it ships: no op rule and no fit fix installed (the fit fix restored afterwards)."""
+    fit_fix = trainer_fix.fit_fix_installed()
+    trainer_fix.uninstall_fit_fix()
+    yield
+    if fit_fix:
+        trainer_fix.install_fit_fix()

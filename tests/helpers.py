@@ -4,6 +4,10 @@ hold fixtures only."""
 import keras
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_v2_func_graphs
+
+from keras_amp.hardware import DeviceInfo, GpuInfo
+from keras_amp.optimizers import LossScaleOptimizer
 
 POLICIES = ["float32", "mixed_float16", "mixed_bfloat16"]
 MIXED = ["mixed_float16", "mixed_bfloat16"]
@@ -50,3 +54,128 @@ class Scaler(keras.layers.Layer):
 
     def call(self, x):
         return x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), axis=-1, keepdims=True) + 1e-6)
+
+
+def regression_batch(n=64, poison_row=None):
+    """(x, y): x uniform in [0.5, 1) of shape (n, 8), y normal (n, 1), seed 0; row `poison_row` of x set to inf."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.5, 1.0, (n, 8)).astype("float32")
+    y = rng.normal(size=(n, 1)).astype("float32")
+    if poison_row is not None:
+        x[poison_row] = np.inf
+    return x, y
+
+
+def two_dense_model():
+    """Dense(8) under the global policy, then a float32 Dense(1) head, on 8 inputs."""
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(8), keras.layers.Dense(1, dtype="float32")])
+
+
+def built_optimizer(opt_cls=LossScaleOptimizer, inner=None, **kwargs):
+    """(v, opt): a 4-element float32 variable and `opt_cls` (keras_amp's LossScaleOptimizer by
+    default) over `inner` (SGD(0.1) by default), built on it."""
+    v = keras.Variable(np.linspace(-1.0, 1.0, 4).astype("float32"))
+    opt = opt_cls(inner or keras.optimizers.SGD(0.1), **kwargs)
+    opt.build([v])
+    return v, opt
+
+
+def step_runner(opt, v, mode):
+    """A function applying one gradient `g * ones` per call, in the given execution mode
+    ("eager", "tf_function" or "xla")."""
+
+    def step(g):
+        opt.apply([tf.fill([4], g)], [v])
+
+    if mode == "eager":
+        return lambda g: step(tf.constant(g, tf.float32))
+    fn = tf.function(step, jit_compile=(mode == "xla"))
+    return lambda g: fn(tf.constant(g, tf.float32))
+
+
+# A CPU with a fast bfloat16 path (AVX512-BF16, oneDNN on): "auto" picks mixed_bfloat16 there.
+ZEN4 = DeviceInfo(cpu_model="AMD EPYC", cpu_flags=frozenset({"avx512f", "avx512_bf16"}), onednn_enabled=True)
+
+
+def gpus(*caps):
+    """A DeviceInfo with one GPU per compute capability in `caps` (e.g. (7, 0); None: unknown)."""
+    return DeviceInfo(gpus=tuple(GpuInfo(f"gpu{i}", cap) for i, cap in enumerate(caps)))
+
+
+# MultiHeadAttention with identity projections (the layer, numerics and op-rule attention tests):
+# heads, key_dim, model dimension, sequence length.
+MHA_SHAPE = (2, 4, 8, 5)
+_HEADS, _KEY_DIM, _DIM, _T = MHA_SHAPE
+
+
+def mha_inputs():
+    """(q, k, v) of shape (2, T, DIM). Query/key entries of 256 (exact in float16 and bfloat16) so
+    the scaled QK^T is 0.5 * (a_t * b_s + 3 * 256**2) ~ 1e5 > 65504; only the first coordinate of
+    each head varies (a_t in {+-1, +-2}, b_s small integers), giving O(1) logit differences.
+    Every logit is exact in float32."""
+    rng = np.random.default_rng(0)
+    q = np.full((2, _T, _DIM), 256.0)
+    k = np.full((2, _T, _DIM), 256.0)
+    for h in range(_HEADS):
+        q[:, :, h * _KEY_DIM] = rng.choice([-2.0, -1.0, 1.0, 2.0], size=(2, _T))
+        k[:, :, h * _KEY_DIM] = rng.integers(-3, 4, size=(2, _T))
+    v = rng.standard_normal((2, _T, _DIM))
+    return q.astype("float32"), k.astype("float32"), v.astype("float32")
+
+
+def identity_mha(cls=keras.layers.MultiHeadAttention, **kwargs):
+    """A built `cls` (a MultiHeadAttention) with identity query/key/value/output kernels, zero biases."""
+    layer = cls(_HEADS, _KEY_DIM, kernel_initializer="zeros", **kwargs)
+    q, k, v = mha_inputs()
+    layer.build(q.shape, v.shape, k.shape)
+    eye = np.eye(_DIM, dtype="float32")
+    for dense in (layer._query_dense, layer._key_dense, layer._value_dense):
+        dense.kernel.assign(eye.reshape(_DIM, _HEADS, _KEY_DIM))
+    layer._output_dense.kernel.assign(eye.reshape(_HEADS, _KEY_DIM, _DIM))
+    return layer
+
+
+def mha_reference(q, k, v, mask=None):
+    """Float64 (output, probabilities, logits) of `identity_mha`; `mask`: (B, T, S) bool or None."""
+    split = lambda x: x.reshape(x.shape[0], x.shape[1], _HEADS, _KEY_DIM)  # noqa: E731
+    logits = np.einsum("bsnh,btnh->bnts", split(k), split(q)) / np.sqrt(_KEY_DIM)
+    if mask is not None:
+        logits = np.where(mask[:, None], logits, -np.inf)
+    probs = softmax(logits)
+    out = np.einsum("bnts,bsnh->btnh", probs, split(v))
+    return out.reshape(out.shape[0], _T, _DIM), probs, logits
+
+
+def mha_projections(layer, q, k, v):
+    """The layer's own (B, T, N, H) projections, as `call` feeds `_compute_attention`."""
+    return layer._query_dense(q), layer._key_dense(k), layer._value_dense(v)
+
+
+def causal_mask(batch=2):
+    """(batch, T, T) lower-triangular bool mask."""
+    return np.broadcast_to(np.tril(np.ones((_T, _T), bool)), (batch, _T, _T))
+
+
+def compiled_calls(fn, *args):
+    """Function-call ops that XLA must compile, in the traced graph of `fn(*args)`."""
+    graph = tf.function(fn).get_concrete_function(*args).graph
+    return [op for op in graph.get_operations() if "_XlaMustCompile" in op.node_def.attr]
+
+
+def while_bodies(graph):
+    """The body graphs of every tf.while_loop (control flow v2) in `graph`, nested ones included."""
+    for f in graph._functions.values():
+        if isinstance(f.graph, control_flow_v2_func_graphs.WhileBodyFuncGraph):
+            yield f.graph
+        yield from while_bodies(f.graph)
+
+
+class BatchLogRecorder(keras.callbacks.Callback):
+    """Keeps a copy of the logs of every training batch end, in `batch_logs`."""
+
+    def __init__(self):
+        super().__init__()
+        self.batch_logs = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batch_logs.append(dict(logs))

@@ -27,17 +27,6 @@ FEATURES = {value for name, value in vars(_compat).items() if name.isupper() and
             and name not in ("TESTED_KERAS", "TESTED_TENSORFLOW")}
 
 
-@pytest.fixture
-def stock_keras():
-    """Keras as it ships: no op rule and no fit fix installed (restored afterwards)."""
-    op_rules.uninstall()
-    fit_fix = trainer_fix.fit_fix_installed()
-    trainer_fix.uninstall_fit_fix()
-    yield
-    if fit_fix:
-        trainer_fix.install_fit_fix()
-
-
 def test_versions_are_the_ones_the_table_was_written_against():
     assert keras.__version__.startswith(KERAS_VERSION), keras.__version__
     assert tf.__version__.startswith(TF_VERSION), tf.__version__
@@ -79,7 +68,7 @@ def test_every_op_rule_target_and_fit_fix_function_is_pinned():
     for rule in op_rules.RULES:
         for name in rule.targets + tuple(n for t in rule.targets for n in op_rules.table.RELIED_ON.get(t, ())):
             assert name in _compat.PIN_BY_NAME, (rule.op, name)
-            assert {_compat.OP_RULES, _compat.OP_ATTENTION, _compat.OP_LEAN, _compat.OP_MATMUL} & set(
+            assert {_compat.OP_RULES, _compat.OP_ATTENTION, _compat.OP_LEAN, _compat.OP_MATMUL, _compat.OP_DROPOUT} & set(
                 _compat.PIN_BY_NAME[name].features), name
     for name in trainer_fix.PINNED:
         assert _compat.FIT_FIX in _compat.PIN_BY_NAME[name].features, name

@@ -99,17 +99,3 @@ def test_rnn_recipe_file_loads_as_float32_without_keras_amp(tmp_path, p):
         policy = loaded.get_layer("lstm").dtype_policy
         assert isinstance(policy, keras_amp.Matmul16DTypePolicy) and policy.source_name == p, (saved, policy)
         assert policy.compute_dtype == policy.variable_dtype == "float32"
-
-
-def test_policy_object_behaves_as_before():
-    policy = keras_amp.Matmul16DTypePolicy("mixed_float16")
-    assert repr(policy) == '<Matmul16DTypePolicy "matmul16_from_mixed_float16">'
-    assert policy.get_config() == {"name": "float32"}  # stock DTypePolicy's config: stock reads float32
-    assert keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(policy)) == policy
-    assert policy == keras_amp.Matmul16DTypePolicy("mixed_float16") != keras_amp.Matmul16DTypePolicy()
-    assert keras_amp.Matmul16DTypePolicy.from_config({"source_name": "mixed_float16"}) == policy
-    import copy
-    import pickle
-    assert pickle.loads(pickle.dumps(policy)) == policy == copy.deepcopy(policy)
-    with pytest.raises(ValueError, match="source_name"):
-        keras_amp.Matmul16DTypePolicy("float32")

@@ -12,17 +12,13 @@ import tensorflow as tf
 
 import keras_amp
 from keras_amp import hardware, model_graph, policy
-from keras_amp.hardware import DeviceInfo, GpuInfo
+from keras_amp.hardware import DeviceInfo
+from tests.helpers import ZEN4, gpus
 
-ZEN4 = DeviceInfo(cpu_model="AMD EPYC", cpu_flags=frozenset({"avx512f", "avx512_bf16"}), onednn_enabled=True)
 SAPPHIRE = DeviceInfo(cpu_model="Xeon", cpu_flags=frozenset({"amx_bf16", "amx_tile"}), onednn_enabled=True)
 BF16_NO_ONEDNN = DeviceInfo(cpu_model="AMD EPYC", cpu_flags=frozenset({"avx512_bf16"}), onednn_enabled=False)
 PLAIN_CPU = DeviceInfo(cpu_model="old", cpu_flags=frozenset({"avx2", "fma"}), onednn_enabled=True)
 TPU = DeviceInfo(tpu_count=8)
-
-
-def gpus(*caps):
-    return DeviceInfo(gpus=tuple(GpuInfo(f"gpu{i}", cap) for i, cap in enumerate(caps)))
 
 
 # (device, expected policy, expect a float32 warning)
@@ -143,22 +139,6 @@ def test_bad_tf32(bad):
 def test_bad_device():
     with pytest.raises(TypeError, match=r"`device` must be a keras_amp.hardware.DeviceInfo"):
         keras_amp.enable("float32", device="cpu")
-
-
-def test_config_off_until_enabled_and_after_disable():
-    keras.config.set_dtype_policy("mixed_float16")  # set in Keras directly, not through keras_amp
-    off = keras_amp.config()
-    assert not off.enabled and off.requested == "off" and "not enabled" in off.reason
-    assert (off.policy, off.compute_dtype, off.variable_dtype, off.loss_scaling) == (
-        "mixed_float16", "float16", "float32", True)
-    keras.config.set_dtype_policy("float32")
-    assert keras_amp.config().policy == "float32" and not keras_amp.config().loss_scaling
-    config = keras_amp.enable("mixed_bfloat16", device=ZEN4)
-    assert keras_amp.config() is config and config.enabled
-    keras_amp.disable()
-    assert not keras_amp.config().enabled
-    keras_amp.disable()  # a second disable is a no-op
-    assert not keras_amp.config().enabled
 
 
 def test_disable_restores_state_from_before_the_first_enable():
@@ -297,25 +277,6 @@ def test_followers_see_every_enable_and_disable():
     policy.disable((log.record,))
     policy.disable((log.record,))  # no-op: nothing enabled, followers not called
     assert log == ["mixed_bfloat16", "float32", None]
-
-
-def test_keras_amp_enable_installs_the_op_rules_in_a_plain_call():
-    from keras_amp import op_rules, state
-    from keras_amp.op_rules import installer
-
-    assert installer.sync in state.FOLLOWERS
-    keras_amp.enable("mixed_bfloat16", device=ZEN4)
-    assert op_rules.installed() == "bfloat16"
-    keras_amp.enable("float32", device=ZEN4)
-    assert op_rules.installed() is None
-    keras_amp.enable("mixed_float16", device=gpus((7, 0)))
-    assert op_rules.installed() == "float16"
-    keras_amp.disable()
-    assert op_rules.installed() is None
-    # policy.enable alone sets the policy and nothing else: no follower is registered anywhere.
-    policy.enable("mixed_bfloat16", device=ZEN4)
-    assert op_rules.installed() is None
-    policy.disable()
 
 
 def test_followers_must_be_callables():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import keras_amp
-from keras_amp import model_graph, op_rules, recipe_roles, recipes
+from keras_amp import model_graph, recipe_roles, recipes
 from tests.helpers import MyNorm, Scaler
 
 MIXED = ["mixed_float16", "mixed_bfloat16"]
@@ -402,37 +402,6 @@ def test_deny_list_normalization_is_what_the_ops_compute_not_the_name():
     reasons = {e.path: (e.policy, e.reason) for e in plan.layers}
     assert reasons["my_norm"] == ("mixed_bfloat16", "transformer: compute dtype")
     assert reasons["scaler"] == ("float32", "deny list: normalization")
-
-
-class Heads(keras.Model):
-    """Deny-list layers called from a subclassed model's own code."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.dense = keras.layers.Dense(8, name="dense")
-        self.exp = keras.layers.Dense(8, activation="exponential", name="exp")
-        self.probs = keras.layers.Softmax(name="probs")
-
-    def call(self, x):
-        h = self.dense(x)
-        return self.probs(h + self.exp(h))
-
-
-def test_a_kept_deny_list_layer_says_only_what_its_ops_compute():
-    keras_amp.enable("mixed_float16")
-    model = Heads(name="heads")
-    model(np.ones((2, 8), "float32"))
-    reasons = {e.path: e.reason for e in recipes.plan_recipe(model, "transformer").layers}
-    kept = "kept in mixed_float16, the policy of 'heads', whose own code may not take a float32 output"
-    assert reasons["probs"] == f"deny list: softmax; {kept}; its softmax runs in float32 (op table: softmax)"
-    # No op rule computes exp in float32: the reason says so, and claims no float32.
-    assert reasons["exp"] == (
-        f"deny list: exp; {kept}; its exp/log-type activation runs in float16 (op table: exp runs in compute dtype)"
-    )
-    op_rules.uninstall()
-    assert {e.path: e.reason for e in recipes.plan_recipe(model, "transformer").layers}["probs"].endswith(
-        "its softmax runs in float16 (op table: softmax runs in compute dtype: its keras_amp rule is not installed)"
-    )
 
 
 def test_rules_override_recipe_and_deny_list_later_rules_win():

@@ -156,3 +156,18 @@ def test_imports_point_down_the_floors(edges):
 def test_independent_nodes_do_not_import_each_other(edges, pair):
     between = {(a, b) for a, b in edges if {node_of(a), node_of(b)} == set(pair)}
     assert not between, f"{' and '.join(pair)} share through numerics, not by importing each other:\n{_lines(between)}"
+
+
+def mirrored_test(module_path):
+    """tests/<package>/test_<module>.py for keras_amp/<package>/<module>.py (a leading "_" dropped)."""
+    rel = module_path.relative_to(ROOT)
+    name = "test_" + rel.stem.lstrip("_") + ".py"
+    return ROOT.parent / "tests" / rel.parent / name
+
+
+def test_every_module_has_a_mirrored_test_file():
+    modules = [p for p in sorted(ROOT.rglob("*.py")) if p.name != "__init__.py"]
+    assert len(modules) > 50  # guard: the tree was read
+    missing = [f"{p.relative_to(ROOT.parent)} -> {mirrored_test(p).relative_to(ROOT.parent)}"
+               for p in modules if not mirrored_test(p).is_file()]
+    assert not missing, "Modules without their mirrored test file:\n" + "\n".join(missing)

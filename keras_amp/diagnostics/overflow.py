@@ -26,7 +26,6 @@ import tensorflow as tf
 from keras_amp import validation
 from keras_amp.diagnostics import attribution, gradient_probe
 from keras_amp.diagnostics import traced_step as diag_step
-from keras_amp.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
 
 _NOT_LAYERS = (attribution.INPUT, attribution.LOSS, attribution.GRADIENT_SUM)
@@ -252,16 +251,6 @@ def _headroom(max_abs: float, dtype: str) -> float | None:
     return math.log2(float(diag_step.float_info(dtype).max) / max_abs)
 
 
-def training_loss_scale(model: keras.Model) -> float:
-    """The loss scale `model`'s next training step runs at: its optimizer's current scale or, before
-    the optimizer is built, the scale its first step will use (tier "auto" picks it from the
-    trainable variables, which `fit` builds it with). 1.0 without a LossScaleOptimizer."""
-    opt = getattr(model, "optimizer", None)
-    if isinstance(opt, LossScaleOptimizer) and not opt.built:
-        return opt.initial_scale_for(model.trainable_variables)
-    return diag_step.current_loss_scale(model)
-
-
 def find_overflow(model: keras.Model, x: Any, y: Any = None, loss: Any = None, *,
                   loss_scale: float | None = None, training: bool = True,
                   jit_compile: bool | None = None) -> OverflowReport:
@@ -283,7 +272,7 @@ def find_overflow(model: keras.Model, x: Any, y: Any = None, loss: Any = None, *
             reach every gradient; magnitudes differ from the real loss's).
         loss: None (the compiled loss), a Keras loss name or a callable `loss(y_true, y_pred)`.
         loss_scale: Float > 0 or None: the scale of the backward pass. None takes the scale the
-            model trains at (`training_loss_scale`): its `LossScaleOptimizer`'s current scale,
+            model trains at (`traced_step.current_loss_scale`): its `LossScaleOptimizer`'s current scale,
             before the first step the one that step will use (1.0 without one).
         training: Bool, default True: the forward pass runs as in a training step.
         jit_compile: Bool or None. Run the step under XLA; None follows `model.jit_compile`.
@@ -309,7 +298,7 @@ def find_overflow(model: keras.Model, x: Any, y: Any = None, loss: Any = None, *
     if jit_compile is None:
         jit_compile = getattr(model, "jit_compile", False) is True
     jit_compile = validation.check_bool("jit_compile", jit_compile)
-    scale = training_loss_scale(model) if loss_scale is None else validation.check_float(
+    scale = diag_step.current_loss_scale(model) if loss_scale is None else validation.check_float(
         "loss_scale", loss_scale, min_value=0.0, min_inclusive=False, float32=True)
 
     reducer = _Reducer()

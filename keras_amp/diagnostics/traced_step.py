@@ -25,12 +25,18 @@ REFERENCE_FACTOR = 4096.0
 
 
 def current_loss_scale(model: keras.Model) -> float:
-    """The loss scale `model`'s optimizer applies now (1.0 without a LossScaleOptimizer)."""
+    """The loss scale `model`'s next training step runs at: its optimizer's current scale or,
+    before the optimizer is built, the scale its first step will use (keras_amp's tier "auto"
+    picks it from the trainable variables, which `fit` builds it with). 1.0 without a
+    LossScaleOptimizer."""
     opt = getattr(model, "optimizer", None)
     if not isinstance(opt, keras.optimizers.LossScaleOptimizer):
         return 1.0
     if opt.built:
         return float(keras.ops.convert_to_numpy(opt.dynamic_scale))
+    first_scale = getattr(opt, "initial_scale_for", None)  # keras_amp's LossScaleOptimizer
+    if first_scale is not None:
+        return float(first_scale(model.trainable_variables))
     initial = getattr(opt, "initial_scale", None)
     return float(initial) if initial is not None else 2.0**15
 

@@ -7,4 +7,6 @@ Modules:
         XLA-compiled forms.
     islands: variables read as float32, weight casts hoisted out of an RNN's time loop, the
         calling-layer stack.
+    bits: 16-bit storage arithmetic (the 16+16 split, stochastic rounding) as integer bit operations.
+    adam16: the compiled Adam updates of 16-bit weights (`keras_amp.optimizers.LeanAdam`).
 """

@@ -48,8 +48,8 @@ def kernel(kind: str, moments: str, decay: bool, with_master: bool, jit: bool = 
     """The compiled update for one configuration (cached: one trace per configuration and shape).
 
     Returns fn(hi, low, m, v, g, scalars, seed) -> (hi, low, m, v[, before, asked, stored]): the
-    new state, and with `with_master` the float32 master before, the one asked for and the one
-    stored; where
+    new state, and with `with_master` the float32 master before the Adam step (after weight
+    decay, which is applied first), the one asked for and the one stored; where
     scalars = [lr, alpha, 1 - beta_1, 1 - beta_2, epsilon, weight_decay] (float32) and `low` is
     a dummy for kinds without compensation.
     """

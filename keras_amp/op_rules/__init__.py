@@ -7,9 +7,10 @@ replaced Keras object exactly. `rules_markdown()` prints the table.
 
 Modules:
     table: the rules (`RULES`), the pinned Keras sources, what no rule reaches.
-    float32_ops: float32 replacements of single ops (softmax, normalisation, gelu, losses).
+    float32_ops: float32 replacements of single ops (softmax, normalisation, losses, float16 arange).
     upcast_recompute: float32 normalisation, gelu and cross-entropy that keep 16-bit tensors, not float32
         copies, for the backward pass.
+    dropout: 16-bit inputs' keep masks from half the random words (speed).
     attention: float32 attention scores in MultiHeadAttention and `ops.dot_product_attention`.
     dataflow: attention scores and normalisation statistics found by what the traced graph
         computes (a matmul of two activations feeding a softmax; a root of a mean of squares),

@@ -1,4 +1,4 @@
-"""Float32 replacements of single Keras backend ops (softmax, normalisation, gelu, losses).
+"""Float32 replacements of single Keras backend ops (softmax, normalisation, losses, float16 arange).
 
 Each factory takes the original Keras function and returns its replacement, which computes in
 float32 when given 16-bit inputs and calls the original unchanged otherwise. The table

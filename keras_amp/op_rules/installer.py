@@ -42,6 +42,8 @@ from keras_amp.op_rules.upcast_recompute import (
     upcast_recompute_moments,
     upcast_recompute_sparse_categorical_crossentropy,
 )
+from keras_amp.op_rules.dropout import DROPOUT, packed_dropout
+from keras_amp.op_rules.dropout import RELIED_ON as DROPOUT_RELIED_ON
 from keras_amp.op_rules.matmul import matmul16
 from keras_amp.op_rules.table import (
     DPA,
@@ -74,6 +76,8 @@ _FACTORIES: dict[str, Callable | None] = {
     "keras.src.backend.tensorflow.numpy.std": float32_input_dtype,
     "keras.src.backend.tensorflow.numpy.arange": float16_arange,
     f"{TF_NN}.gelu": upcast_recompute_gelu,
+    DROPOUT: packed_dropout,
+    **{name: None for name in DROPOUT_RELIED_ON},
     f"{TF_NN}.categorical_crossentropy": float32_loss_rule("Softmax"),
     f"{_OPS_NN}.CategoricalCrossentropy.compute_output_spec": float32_loss_spec,
     f"{TF_NN}.sparse_categorical_crossentropy": lambda f: upcast_recompute_sparse_categorical_crossentropy(float32_loss_rule("Softmax")(f)),

@@ -21,6 +21,8 @@ import dataclasses
 
 # The dtype vocabulary (`keras_amp.dtypes`), re-exported as `op_rules.LOW_PRECISION` etc.
 from keras_amp.dtypes import BOTH, FLOAT16, HAZARD_DTYPES, LOW_PRECISION  # noqa: F401
+from keras_amp.op_rules.dropout import DROPOUT
+from keras_amp.op_rules.dropout import RELIED_ON as DROPOUT_RELIED_ON
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +138,12 @@ RULES: tuple[Rule, ...] = (
          "TF has no float16 Range kernel: in a graph, `ops.arange(..., dtype=\"float16\")` fails at graph "
          "construction in stock Keras (keras-hub ESM, RoFormerV2, Flux, D-FINE and SAM3 build position or "
          "timestep tables with it); computed as a float32 range cast to float16"),
+    Rule("dropout", "", "compute dtype", "input dtype", BOTH, "keras_amp", (DROPOUT,),
+         "speed, no hazard: a 16-bit input's keep mask is drawn as two 16-bit integers per 32-bit "
+         "random word, half the words of stock's one uniform number per element (keep probability "
+         "1 - rate to within 2^-17); the kept values and the gradient are Keras's `x / (1 - rate)` "
+         "through that mask. Another random stream than stock's for the same seed, still "
+         "deterministic per seed; float32 inputs keep stock's"),
     Rule("gelu", "exp", "float32", "input dtype", FLOAT16, "keras_amp", (f"{TF_NN}.gelu",),
          "the tanh approximation evaluates x**3 (Pow): its gradient 3x**2 overflows float16 past "
          "|x| = 256 and stock's gradient is NaN (inf * 0); bfloat16 has the range"),
@@ -187,6 +195,7 @@ _NAME_SCOPE_STACK = (
     "keras.src.backend.common.name_scope.name_scope",
 )
 RELIED_ON = {
+    DROPOUT: DROPOUT_RELIED_ON,
     MHA_COMPUTE: (MHA_CALL,),
     DPA: (f"{TF_NN}._apply_masks",),
     MATMUL: _NAME_SCOPE_STACK,

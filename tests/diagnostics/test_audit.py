@@ -10,16 +10,12 @@ import keras_amp
 from keras_amp import op_rules
 from keras_amp.diagnostics import audit
 
-pytestmark = pytest.mark.filterwarnings("ignore:mixed_float16 requested:keras_amp.AmpWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:mixed_float16 requested:keras_amp.AmpWarning"),
+    pytest.mark.usefixtures("no_op_rules"),
+]
 # What the op rules promise to keep out of 16 bits (reductions are reported but not promised).
 PROMISED = {"attention", "softmax", "normalization", "exp", "loss"}
-
-
-@pytest.fixture(autouse=True)
-def stock_keras():
-    op_rules.uninstall()
-    yield
-    op_rules.uninstall()
 
 
 def bert():
@@ -200,45 +196,6 @@ def test_a_weight_passed_into_a_compiled_call_is_not_taken_for_attention():
     report = audit.audit_model(model, np.ones((2, 8), "float32"))
     assert not [r for r in report.records if r.category == "attention"], str(report)
     assert any(r.op_type == "Softmax" and r.layer_path == "head" for r in report.records)
-
-
-def test_a_shared_layer_and_a_layer_named_like_its_uniquified_scope_are_told_apart():
-    # "dense" (softmax) is called twice, then "dense_1" (exp) once: TF uniquifies a call's name
-    # scope of "dense" to "dense_1", the scope a name-scope reading takes for the layer "dense_1".
-    keras_amp.enable("mixed_float16")
-    op_rules.uninstall()
-    shared = keras.layers.Dense(4, activation="softmax", name="dense")
-    other = keras.layers.Dense(4, activation="exponential", name="dense_1")
-    inp = keras.Input((4,))
-    model = keras.Model(inp, other(shared(shared(inp))), name="model")
-    report = audit.audit_model(model, np.random.RandomState(0).rand(2, 4).astype("float32"))
-    softmax = [r for r in report.low_precision() if r.op_type == "Softmax"]
-    exp = [r for r in report.low_precision() if r.op_type == "Exp" and r.phase == "forward"]
-    # Guard: the edge case is reached, one of dense's softmaxes sits under a "dense_1" scope.
-    scopes = [r.op_name.split("/")[:-1] for r in softmax]
-    assert any("dense_1" in s and "dense" not in s for s in scopes), [r.op_name for r in softmax]
-    assert [r.layer_path for r in softmax] == ["dense", "dense"]  # both calls, the right layer
-    assert [r.layer_path for r in exp] == ["dense_1"]
-    # The softmax gradients' reductions too, one of them under "gradient_tape/.../dense_1/".
-    assert {r.layer_path for r in report.records if r.phase == "backward" and r.op_type == "Sum"} == {"dense"}
-
-
-def test_an_rnn_cell_owns_its_ops_inside_the_loop_and_the_loop_layer_the_rest():
-    keras_amp.enable("mixed_float16")
-    op_rules.uninstall()
-    inp = keras.Input((3, 4))
-    cell = keras.layers.SimpleRNNCell(4, activation="exponential", name="cell")
-    model = keras.Model(inp, keras.layers.RNN(cell, name="rnn")(inp), name="model")
-    report = audit.audit_model(model, np.ones((2, 3, 4), "float32"))
-    exp = [r for r in report.low_precision() if r.op_type == "Exp" and r.phase == "forward"]
-    assert any("/while/" in r.op_name for r in exp)  # guard: the cell really ran in the loop body
-    assert {r.layer_path for r in exp} == {"rnn/cell"}
-    # The gradient loop runs no layer call: its ops lead back to the cell's forward ops by name.
-    trace = audit.trace(model, np.ones((2, 3, 4), "float32"))
-    grad_body = [(name, path) for name, _, path, phase in audit.graph_ops(trace)
-                 if phase == "backward" and "/while_grad/" in name]
-    assert any(name.endswith("/Exp_grad/mul") and path == "rnn/cell" for name, path in grad_body)
-    assert {path for _, path in grad_body} == {"rnn", "rnn/cell"}  # the loop's bookkeeping: rnn
 
 
 def test_backward_ops_made_outside_the_gradient_scope_are_backward():

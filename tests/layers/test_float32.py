@@ -109,18 +109,3 @@ def test_islands_are_marked_by_class_not_by_attribute(mixed_policy):
         assert not model_graph.is_island(layer)
         assert not [name for name in vars(layer) if name.startswith("_keras_amp")]
         assert layer.dtype_policy.name == "float32"
-
-
-def test_float32_value_reads_float32_inside_a_16_bit_autocast_scope(mixed_policy):
-    """Guard for the private `AutocastScope` read: inside a compute-dtype scope (what Keras opens
-    around a mixed layer called outside a model) `float32_value` still gives the float32 value."""
-    from keras.src.backend import AutocastScope
-
-    from keras_amp.numerics.islands import float32_value
-
-    compute = keras.dtype_policies.get(mixed_policy).compute_dtype
-    v = keras.Variable(np.float32(1 + 2.0**-20))  # not representable in float16/bfloat16
-    with AutocastScope(compute):
-        assert keras.backend.standardize_dtype(v.value.dtype) == compute  # guard: the scope autocasts
-        got = float32_value(v)
-    assert got.dtype == tf.float32 and float(got) == 1 + 2.0**-20

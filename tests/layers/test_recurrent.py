@@ -5,11 +5,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.ops import control_flow_v2_func_graphs
 
 import keras_amp
 from keras_amp.layers import GRU, LSTM
-from tests.helpers import MIXED, np64, sigmoid, u
+from tests.helpers import MIXED, np64, sigmoid, u, while_bodies
 
 # enable("mixed_float16") warns that this CPU has no fast float16: numerics, not speed, are under test.
 pytestmark = pytest.mark.filterwarnings("ignore:mixed_.* requested:keras_amp.AmpWarning")
@@ -322,13 +321,6 @@ def test_rnn_recipe_on_a_generic_rnn_runs_its_float32_cell_with_16bit_matmuls():
     assert 2e-6 < rel < _tol("mixed_bfloat16"), rel  # 16-bit matmuls, float32 state
 
 
-def _while_bodies(graph):
-    for f in graph._functions.values():
-        if isinstance(f.graph, control_flow_v2_func_graphs.WhileBodyFuncGraph):
-            yield f.graph
-        yield from _while_bodies(f.graph)
-
-
 @pytest.mark.parametrize("stock", [True, False], ids=["recipe", "keras_amp.layers.LSTM"])
 def test_kernel_casts_are_hoisted_out_of_the_time_loop(stock):
     keras_amp.enable("mixed_bfloat16")
@@ -344,7 +336,7 @@ def test_kernel_casts_are_hoisted_out_of_the_time_loop(stock):
         return [op for op in g.get_operations() if op.type == "Cast"
                 and op.outputs[0].dtype == tf.bfloat16 and tuple(op.outputs[0].shape) in kernel_shapes]
 
-    bodies = list(_while_bodies(graph))
+    bodies = list(while_bodies(graph))
     assert bodies  # guard: the layer ran a tf.while_loop (control flow v2)
     assert all(not kernel_casts(body) for body in bodies)
     # Kernel and recurrent kernel, before the loop (Keras's TF `rnn` also runs the step once before

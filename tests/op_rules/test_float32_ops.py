@@ -1,5 +1,10 @@
-"""keras_amp.op_rules.float32_ops: single-op rules (here: arange with dtype float16)."""
+"""keras_amp.op_rules.float32_ops: the single-op float32 rules (softmax, log_softmax, logsumexp,
+normalisation, std, the losses, arange with dtype float16): stock 16-bit Keras fails, the rule holds;
+symbolic and eager dtypes agree. (The gelu rule's float32 forward and backward is
+`keras_amp.op_rules.upcast_recompute.upcast_recompute_gelu`; its overflow case is checked here with
+the other rule kinds.)"""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -8,7 +13,10 @@ from keras import ops
 import keras_amp
 from keras_amp import op_rules
 
-pytestmark = pytest.mark.filterwarnings("ignore:mixed_float16 requested:keras_amp.AmpWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:mixed_float16 requested:keras_amp.AmpWarning"),
+    pytest.mark.usefixtures("no_op_rules"),
+]
 
 
 def _table(n):
@@ -36,3 +44,137 @@ def test_other_dtypes_are_left_to_keras():
         out = tf.function(lambda: ops.arange(1, 9, 2, dtype=dtype))()
         assert out.dtype == tf.as_dtype(dtype)
         np.testing.assert_array_equal(out.numpy().astype(np.float64), [1, 3, 5, 7])
+
+
+
+def f16(a):
+    return tf.constant(np.asarray(a, np.float64), tf.float16)
+
+
+def test_softmax_kind_long_normaliser():
+    x = tf.zeros([1, 70000], tf.float16)  # the normaliser, a sum of 70000 ones, exceeds 65504
+    ref = -np.log(70000.0)
+    stock_lsm, stock_lse = ops.log_softmax(x)[0, 0], ops.logsumexp(x)
+    assert np.isneginf(stock_lsm.numpy()) and np.isposinf(stock_lse.numpy())  # stock float16 fails
+    op_rules.install("float16")
+    ours = ops.log_softmax(x)
+    assert ours.dtype == tf.float16  # the caller's dtype: the next matmul stays in float16
+    np.testing.assert_allclose(float(ours[0, 0]), ref, atol=8e-3)  # float16 ulp at 11 is 7.8e-3
+    np.testing.assert_allclose(float(ops.logsumexp(x)), -ref, atol=8e-3)
+    # Inside tf.function (the fit path) too.
+    np.testing.assert_allclose(float(tf.function(ops.logsumexp)(x)), -ref, atol=8e-3)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_softmax_is_correctly_rounded_and_keeps_its_logits(dtype):
+    logits = np.random.RandomState(0).normal(0, 4, (4, 1000))
+    x = tf.cast(tf.constant(logits), dtype)
+    op_rules.install(dtype)
+    p = ops.softmax(x)
+    ref = tf.nn.softmax(tf.cast(x, tf.float64)).numpy()
+    assert p.dtype == x.dtype and p._keras_logits is x  # Keras's contract for the cross-entropies
+    eps = 2.0**-11 if dtype == "float16" else 2.0**-8  # half an ulp, relative (normal range)
+    normal = ref > 1e-4
+    np.testing.assert_allclose(tf.cast(p, tf.float64).numpy()[normal], ref[normal], rtol=eps, atol=0)
+
+
+def test_normalization_kind_large_mean():
+    rng = np.random.RandomState(0)
+    x = 1000.0 + np.round(rng.normal(0, 1.4, (64, 4)) * 2) / 2  # exact in float16 (ulp 0.5)
+    # The statistics as the op receives them: rounded to float16 (ulp 0.5 at 1000).
+    mean, var = x.mean(0).astype(np.float16).astype(np.float64), x.var(0).astype(np.float16).astype(np.float64)
+    ref = (x - mean) / np.sqrt(var + 1e-3)
+    stock = ops.batch_normalization(f16(x), f16(mean), f16(var), axis=-1).numpy().astype(np.float64)
+    assert np.abs(stock - ref).max() > 0.1  # x*inv - mean*inv cancels in float16
+    op_rules.install("float16")
+    ours = ops.batch_normalization(f16(x), f16(mean), f16(var), axis=-1)
+    assert ours.dtype == tf.float16
+    np.testing.assert_allclose(ours.numpy().astype(np.float64), ref, atol=4e-3)  # float16 ulp at 2: 2e-3
+    # float32 statistics with 16-bit x (stock raises on the mixed dtypes) give the same.
+    mixed = ops.batch_normalization(f16(x), tf.constant(mean, tf.float32), tf.constant(var, tf.float32), axis=-1)
+    np.testing.assert_allclose(mixed.numpy().astype(np.float64), ref, atol=4e-3)
+
+
+def test_normalization_kind_normalize_sum_of_squares():
+    x = 300.0 + np.arange(64, dtype=np.float64).reshape(1, 64)  # sum of squares ~ 7e6 > 65504
+    ref = x / np.linalg.norm(x)
+    assert np.all(ops.normalize(f16(x)).numpy() == 0)  # stock float16: rsqrt(inf) = 0
+    op_rules.install("float16")
+    ours = ops.normalize(f16(x))
+    assert ours.dtype == tf.float16
+    np.testing.assert_allclose(ours.numpy().astype(np.float64), ref, rtol=1e-3)
+
+
+def test_reduction_kind_std():
+    x = 1000.0 + np.round(np.random.RandomState(1).normal(0, 1, 512) * 2) / 2  # exact in float16
+    assert np.isinf(ops.std(f16(x)).numpy())  # stock float16: squared values overflow
+    op_rules.install("float16")
+    np.testing.assert_allclose(float(ops.std(f16(x))), x.std(), rtol=1e-3)  # float16 ulp at 1: 1e-3
+
+
+def test_loss_kind_float32_results():
+    # float16: a per-element loss below 6e-8 flushes to 0; bfloat16 rounds it to 8 bits.
+    ref = np.log1p(np.exp(-20.0))
+    assert ops.binary_crossentropy(f16([1.0]), f16([20.0]), from_logits=True).numpy()[0] == 0
+    logits = np.random.RandomState(2).normal(0, 1, (4, 1000))
+    labels = np.array([1, 7, 300, 999])
+    bf16 = tf.constant(logits, tf.bfloat16)
+    logits64 = tf.cast(bf16, tf.float64).numpy()
+    lse = np.log(np.exp(logits64).sum(-1))
+    sparse_ref = lse - logits64[np.arange(4), labels]
+    stock = ops.sparse_categorical_crossentropy(labels, bf16, from_logits=True)
+    assert np.abs(tf.cast(stock, tf.float64).numpy() - sparse_ref).max() > 1e-3
+    op_rules.install("float16")
+    ours = ops.binary_crossentropy(f16([1.0]), f16([20.0]), from_logits=True)
+    assert ours.dtype == tf.float32
+    np.testing.assert_allclose(ours.numpy()[0], ref, rtol=1e-4)
+    ours = ops.sparse_categorical_crossentropy(labels, bf16, from_logits=True)
+    assert ours.dtype == tf.float32
+    np.testing.assert_allclose(ours.numpy(), sparse_ref, rtol=1e-5)
+    # From a softmax output: the logits it carries are used, in float32 (no log(0) clipping).
+    probs = ops.softmax(f16([[0.0, 30.0]]))
+    ours = ops.categorical_crossentropy(tf.constant([[1.0, 0.0]]), probs)
+    np.testing.assert_allclose(ours.numpy(), [30.0], rtol=1e-6)  # -log softmax(...)[0] = 30
+
+
+def test_exp_kind_gelu_gradient():
+    x = tf.Variable(f16([300.0, -2.0, 0.5]))
+
+    def grad():
+        with tf.GradientTape() as tape:
+            y = ops.gelu(x, approximate=True)
+        return tape.gradient(y, x).numpy()
+
+    assert np.isnan(grad()[0])  # stock float16: 3x**2 overflows, inf * 0 = NaN
+    op_rules.install("float16")
+    g = grad()
+    xs = np.array([300.0, -2.0, 0.5])
+    inner = np.sqrt(2 / np.pi) * (xs + 0.044715 * xs**3)
+    ref = 0.5 * (1 + np.tanh(inner)) + 0.5 * xs * (1 - np.tanh(inner) ** 2) * np.sqrt(2 / np.pi) * (
+        1 + 3 * 0.044715 * xs**2
+    )
+    np.testing.assert_allclose(g.astype(np.float64), ref, atol=2e-3)
+
+
+def test_symbolic_and_eager_dtypes_match_for_every_rule():
+    keras_amp.enable("mixed_float16")
+    inp = keras.Input((4, 8), dtype="float16")
+    target = keras.Input((4, 8), dtype="float16")
+    sparse = keras.Input((4,), dtype="int32")
+    outs = [
+        ops.softmax(inp), ops.log_softmax(inp), ops.logsumexp(inp, axis=-1), ops.std(inp, axis=-1),
+        ops.gelu(inp), ops.categorical_crossentropy(target, inp, from_logits=True),
+        ops.binary_crossentropy(target, inp, from_logits=True),
+        ops.sparse_categorical_crossentropy(sparse, inp, from_logits=True),
+        ops.batch_normalization(inp, ops.zeros((8,), "float16"), ops.ones((8,), "float16"), axis=-1),
+    ]
+    model = keras.Model([inp, target, sparse], outs)
+    rng = np.random.RandomState(0)
+    eager = model([rng.rand(2, 4, 8).astype("float16"), rng.rand(2, 4, 8).astype("float16"), rng.randint(0, 8, (2, 4))])
+    symbolic = [t.dtype for t in model.outputs]
+    # Stock Keras 3.15.1's Logsumexp spec has no dtype (floatx) while it runs in the input dtype;
+    # the rule keeps stock's eager dtype, so that one pre-existing difference remains.
+    assert symbolic[2] == "float32" and eager[2].dtype == tf.float16
+    del symbolic[2], eager[2]
+    assert symbolic == [t.dtype.name for t in eager]
+    assert symbolic == ["float16"] * 4 + ["float32"] * 3 + ["float16"]  # losses float32, the rest the input's

@@ -14,27 +14,18 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from keras.src.backend.tensorflow import nn as tf_nn
-from keras.src.ops import nn as ops_nn
 
 import keras_amp
 from keras_amp import op_rules
 from keras_amp.diagnostics import saved_activations
 from keras_amp.op_rules import installer, upcast_recompute
 
-pytestmark = pytest.mark.filterwarnings("ignore:mixed_.* requested:keras_amp.AmpWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:mixed_.* requested:keras_amp.AmpWarning"), pytest.mark.usefixtures("no_op_rules")]
 
 DTYPES = [pytest.param(tf.bfloat16, id="bfloat16"), pytest.param(tf.float16, id="float16")]
 # A gradient returned in a 16-bit dtype is one rounding of the float32 result: half an ulp,
 # relative to the largest entry (subnormal and cancelling entries have a larger relative error).
 ROUNDING = {tf.bfloat16: 2.0**-8, tf.float16: 2.0**-11}
-
-
-@pytest.fixture(autouse=True)
-def stock_keras():
-    op_rules.uninstall()
-    yield
-    op_rules.uninstall()
 
 
 def _original(name):

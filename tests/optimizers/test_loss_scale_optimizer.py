@@ -1,7 +1,6 @@
 """keras_amp.optimizers.LossScaleOptimizer: update rule, counters, bounds, config, saving, fit."""
 
 import inspect
-import logging as py_logging
 import types
 
 import keras
@@ -10,28 +9,10 @@ import pytest
 import tensorflow as tf
 
 from keras_amp.callbacks import LossScaleMonitor
-from keras_amp.optimizers import LossScaleOptimizer, MinScaleError
+from keras_amp.optimizers import LossScaleOptimizer
+from tests.helpers import built_optimizer as _setup, step_runner as _runner
 
 INF = float("inf")
-
-
-def _setup(opt_cls=LossScaleOptimizer, inner=None, **kwargs):
-    v = keras.Variable(np.linspace(-1.0, 1.0, 4).astype("float32"))
-    opt = opt_cls(inner or keras.optimizers.SGD(0.1), **kwargs)
-    opt.build([v])
-    return v, opt
-
-
-def _runner(opt, v, mode):
-    """A function applying one gradient `g * ones` per call, in the given execution mode."""
-
-    def step(g):
-        opt.apply([tf.fill([4], g)], [v])
-
-    if mode == "eager":
-        return lambda g: step(tf.constant(g, tf.float32))
-    fn = tf.function(step, jit_compile=(mode == "xla"))
-    return lambda g: fn(tf.constant(g, tf.float32))
 
 
 def _loop(opt, v, grad, n):
@@ -143,59 +124,6 @@ def test_unscaled_gradient_matches_float64_reference():
     np.testing.assert_allclose(v.numpy(), w0 - 0.1 * 2.0 * w0, rtol=1e-6, atol=0)
 
 
-def test_on_min_scale_raise_eager_and_tf_function():
-    v, opt = _setup(initial_scale=1.0, min_scale=1.0, on_min_scale="raise")
-    step = _runner(opt, v, "eager")
-    for _ in range(LossScaleOptimizer.min_scale_patience - 1):
-        step(INF)
-    with pytest.raises(MinScaleError, match="float32.*NaN"):
-        step(INF)
-    v, opt = _setup(initial_scale=1.0, min_scale=1.0, on_min_scale="raise")
-    step = _runner(opt, v, "tf_function")
-    for _ in range(LossScaleOptimizer.min_scale_patience - 1):
-        step(INF)
-    with pytest.raises(tf.errors.OpError, match="MinScaleError"):
-        step(INF)
-
-
-def test_on_min_scale_warn_logs_once_and_ignore_is_silent(caplog):
-    caplog.set_level(py_logging.WARNING, logger="absl")
-    for policy, expected in (("warn", 1), ("ignore", 0)):
-        caplog.clear()
-        v, opt = _setup(initial_scale=4.0, min_scale=1.0, on_min_scale=policy)
-        step = _runner(opt, v, "tf_function")
-        for _ in range(2 + 3 * LossScaleOptimizer.min_scale_patience):
-            step(INF)
-        opt.host_check()
-        assert int(opt.overflows_at_min_scale.numpy()) == 3 * LossScaleOptimizer.min_scale_patience
-        hits = [r for r in caplog.records if "overflowed at min_scale" in r.getMessage()]
-        assert len(hits) == expected
-
-
-def test_xla_logs_scale_changes_from_host_check(caplog):
-    caplog.set_level(py_logging.INFO, logger="absl")
-    v, opt = _setup(initial_scale=8.0)
-    step = _runner(opt, v, "xla")
-    step(INF)
-    assert not [r for r in caplog.records if "loss scale" in r.getMessage()]  # none in-graph
-    state = opt.host_check()
-    assert state["loss_scale"] == 4.0 and state["overflow_count"] == 1
-    assert any("loss scale 8 -> 4" in r.getMessage() for r in caplog.records)
-
-
-def test_tf_function_logs_each_change_in_graph(caplog):
-    caplog.set_level(py_logging.INFO, logger="absl")
-    v, opt = _setup(initial_scale=8.0, dynamic_growth_steps=1)
-    step = _runner(opt, v, "tf_function")
-    step(1.0)
-    step(INF)
-    msgs = [r.getMessage() for r in caplog.records if "loss scale" in r.getMessage()]
-    assert len(msgs) == 2 and "step 1: loss scale 8 -> 16" in msgs[0]
-    assert "step 2: loss scale 16 -> 8" in msgs[1]
-    opt.host_check()  # already logged in-graph: no duplicate line
-    assert len([r for r in caplog.records if "loss scale" in r.getMessage()]) == 2
-
-
 def test_host_callback_only_when_the_scale_changes():
     v, opt = _setup(initial_scale=8.0, dynamic_growth_steps=1, max_scale=16.0)
     calls = []
@@ -228,46 +156,6 @@ def test_stock_saved_zero_scale_is_clamped_on_load(tmp_path):
 
 
 # ------------------------------------------------------------------- validation
-@pytest.mark.parametrize(
-    "kwargs, exc, fragment",
-    [
-        ({"min_scale": 0.0}, ValueError, "min_scale=0.0"),
-        ({"min_scale": 4.0, "max_scale": 2.0}, ValueError, "max_scale=2.0"),
-        ({"initial_scale": 2.0**30}, ValueError, "initial_scale=1073741824"),
-        ({"initial_scale": 0.5}, ValueError, "initial_scale=0.5"),
-        ({"growth_factor": 1.0}, ValueError, "growth_factor=1.0"),
-        ({"backoff_factor": 1.0}, ValueError, "backoff_factor=1.0"),
-        ({"backoff_factor": 0.0}, ValueError, "backoff_factor=0.0"),
-        ({"hysteresis": 0}, ValueError, "hysteresis=0"),
-        ({"hysteresis": 1.5}, TypeError, "hysteresis=1.5"),
-        ({"dynamic_growth_steps": 0}, ValueError, "dynamic_growth_steps=0"),
-        ({"tier": "huge"}, ValueError, "tier='huge'"),
-        ({"on_min_scale": "panic"}, ValueError, "on_min_scale='panic'"),
-        ({"dynamic": "yes"}, TypeError, "dynamic='yes'"),
-        ({"min_scale": "1"}, TypeError, "min_scale='1'"),
-        ({"max_scale": INF}, ValueError, "max_scale=inf"),
-    ],
-    ids=lambda x: str(x) if not isinstance(x, dict) else "-".join(map(str, x.items())),
-)
-def test_validation_errors_name_argument_and_value(kwargs, exc, fragment):
-    with pytest.raises(exc, match=fragment.replace("(", r"\(").replace("+", r"\+")):
-        LossScaleOptimizer(keras.optimizers.SGD(), **kwargs)
-
-
-def test_unknown_arguments_raise_the_stock_value_error():
-    # Stock Keras raises ValueError naming them in the order given; a drop-in subclass must too
-    # (Keras's own test_init_unsupported_arg runs in tests/layers/test_keras_suites.py).
-    pattern = "does not support arguments: `foo`, `bar`"
-    with pytest.raises(ValueError, match=pattern):
-        keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(), foo=True, bar=3)
-    with pytest.raises(ValueError, match=pattern + r"\. Received: foo=True, bar=3\. Allowed: inner_optimizer"):
-        LossScaleOptimizer(keras.optimizers.SGD(), foo=True, bar=3)
-    # The legacy base-optimizer arguments keep the stock rule: accepted at their defaults only.
-    LossScaleOptimizer(keras.optimizers.SGD(), clipnorm=None, use_ema=False)
-    with pytest.raises(ValueError, match="on the `inner_optimizer`"):
-        LossScaleOptimizer(keras.optimizers.SGD(), clipnorm=1.0)
-
-
 def test_validation_inner_optimizer():
     with pytest.raises(TypeError, match="inner_optimizer"):
         LossScaleOptimizer("sgd")
@@ -282,15 +170,6 @@ def test_scale_before_build_is_the_initial_scale():
                           (LossScaleOptimizer(keras.optimizers.SGD(), tier="auto", initial_scale=64.0), 64.0)):
         assert not opt.built and type(opt.scale) is float and opt.scale == expected
         assert opt.initial_scale_for([keras.Variable(np.zeros((3,), "float32"))]) == expected
-
-
-def test_tier_none_keeps_keras_defaults_and_explicit_overrides_tier():
-    opt = LossScaleOptimizer(keras.optimizers.SGD())
-    assert (opt.initial_scale, opt.dynamic_growth_steps, opt.min_scale, opt.max_scale) == (
-        2.0**15, 2000, 1.0, 2.0**24)
-    opt = LossScaleOptimizer(keras.optimizers.SGD(), tier="medium", min_scale=8.0)
-    assert (opt.initial_scale, opt.dynamic_growth_steps, opt.min_scale, opt.max_scale) == (
-        2.0**12, 50, 8.0, 131072.0)
 
 
 def test_auto_tier_resolves_at_build_and_config_records_choice():

@@ -1,18 +1,11 @@
-"""In-process tests of keras_amp.distribute's data helpers, strategies' argument checks and the
-local-cluster tool (no cluster needed). The bad-argument rows of the distribute API are in
-tests/test_bad_input.py."""
-
-import json
-import math
-import socket
-import sys
+"""keras_amp.distribute.data: global and per-replica batch sizes, auto-shard policy, prepare().
+The bad-argument rows are in tests/test_bad_input.py."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_amp.distribute import data, local_cluster, strategies
-import keras_amp
+from keras_amp.distribute import data
 
 
 class _Replicas(tf.distribute.OneDeviceStrategy):
@@ -25,33 +18,6 @@ class _Replicas(tf.distribute.OneDeviceStrategy):
     @property
     def num_replicas_in_sync(self):
         return self._n
-
-
-_DEFAULT = tf.distribute.get_strategy()
-_DS = tf.data.Dataset.range(8)
-
-@pytest.mark.parametrize(
-    "text, part",
-    [
-        pytest.param("[]", "must be a JSON object", id="list"),
-        pytest.param("not json", "must be JSON", id="not-json"),
-        pytest.param("", "must be JSON", id="empty"),
-        pytest.param('{"cluster": []}', '"cluster" must be a JSON object', id="cluster-list"),
-        pytest.param('{"task": 0}', '"task" must be a JSON object', id="task-int"),
-    ],
-)
-def test_malformed_tf_config_is_a_clear_value_error(monkeypatch, text, part):
-    monkeypatch.setenv("TF_CONFIG", text)
-    with pytest.raises(ValueError, match=part) as info:
-        keras_amp.distribute.multi_worker(timeout_seconds=5)
-    assert f"Received: TF_CONFIG={text!r}" in str(info.value)
-
-
-def test_well_formed_tf_config_is_read(monkeypatch):
-    monkeypatch.setenv("TF_CONFIG", json.dumps(local_cluster.tf_config([1111, 2222], 1)))
-    assert strategies.read_tf_config()["task"] == {"type": "worker", "index": 1}
-    monkeypatch.delenv("TF_CONFIG")
-    assert strategies.read_tf_config() is None
 
 
 @pytest.mark.parametrize("replicas, per_replica, total", [(1, 32, 32), (2, 8, 16), (8, 64, 512)])
@@ -75,16 +41,33 @@ def test_uneven_global_batch_is_refused():
         data.per_replica_batch_size(10, _Replicas(4))
 
 
+@pytest.mark.parametrize("total, suggested", [(10, 8), (3, 4), (13, 12)], ids=["round-down", "below-n", "odd"])
+def test_uneven_global_batch_error_suggests_the_nearest_multiple(total, suggested):
+    # The nearest multiple at or below the batch, or one per replica when the batch is below n.
+    with pytest.raises(ValueError, match=f"Allowed: multiples of 4, e.g. {suggested}$"):
+        data.per_replica_batch_size(total, _Replicas(4))
+
+
 @pytest.mark.parametrize("policy", ["auto", "file", "data", "hint", "off"])
 def test_auto_shard_policy_round_trip(policy):
     ds = data.with_auto_shard_policy(tf.data.Dataset.range(4), policy)
     assert data.auto_shard_policy(ds) == policy
 
 
+def test_an_untouched_dataset_carries_the_auto_policy():
+    assert data.auto_shard_policy(tf.data.Dataset.range(4)) == "auto"  # tf.data's default
+
+
 def test_prepare_batches_globally_drops_remainder_and_shards_by_data():
     ds = data.prepare(tf.data.Dataset.range(10), _Replicas(2), per_replica_batch_size=2)
     assert [b.numpy().tolist() for b in ds] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert data.auto_shard_policy(ds) == "data"
+
+
+def test_prepare_sets_the_shard_policy_it_is_given():
+    ds = data.prepare(tf.data.Dataset.range(12), _Replicas(3), per_replica_batch_size=2, shard="off")
+    assert data.auto_shard_policy(ds) == "off"
+    assert [b.numpy().tolist() for b in ds] == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]]
 
 
 _BATCHED = {
@@ -121,33 +104,3 @@ def test_prepare_accepts_unbatched_datasets(make):
     assert data._batched_by(ds) is None
     batches = list(data.prepare(ds, _Replicas(2), per_replica_batch_size=2))
     assert batches and all(b.shape == (4,) for b in batches)  # one batch level, global size 4
-
-
-def test_free_ports_distinct_and_bindable():
-    ports = local_cluster.free_ports(np.int64(3))
-    assert len(set(ports)) == 3
-    for p in ports:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", p))
-
-
-def test_tf_config_layout():
-    cfg = local_cluster.tf_config([1111, 2222], 1)
-    assert cfg == {"cluster": {"worker": ["127.0.0.1:1111", "127.0.0.1:2222"]}, "task": {"type": "worker", "index": 1}}
-
-
-def test_launch_collects_outputs_and_kills_on_timeout():
-    code = "import json,os,sys,time; c=json.loads(os.environ['TF_CONFIG']); i=c['task']['index']; " \
-           "print('hello', i, len(c['cluster']['worker'])); sys.stdout.flush(); time.sleep(60 if i else 0)"
-    results = local_cluster.launch([sys.executable, "-c", code], 2, timeout=5)
-    assert results[0].ok and results[0].stdout.strip() == "hello 0 2"
-    assert results[1].timed_out and results[1].returncode == -9 and "hello 1 2" in results[1].stdout
-
-
-def test_local_cluster_unknown_worker_is_a_value_error():
-    with local_cluster.LocalCluster([sys.executable, "-c", "pass"], 1) as cluster:
-        cluster.wait(timeout=30)
-        with pytest.raises(ValueError, match="index"):
-            cluster.output(1)
-        with pytest.raises(ValueError, match="index"):
-            cluster.kill(-1)
