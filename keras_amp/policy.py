@@ -52,10 +52,11 @@ class AmpConfig:
         device: String. One-line summary of the hardware the choice was made for.
         requested: String. What the caller asked for ("auto" or a policy name).
         reason: String. Why this policy was chosen.
-        xla_scores: Bool, default True. Whether float32 attention scores compute their QK^T
-            forward with an XLA-compiled 16-bit matmul with float32 accumulation (the 16-bit
-            matmul's speed) rather than a float32 matmul. The logits are the same; XLA's
-            compiler costs about 70 MiB of fixed process memory on a CPU.
+        xla_scores: Bool, default True. Whether keras_amp's float32 kernels are XLA computations:
+            the attention scores' QK^T forward as a 16-bit matmul with float32 accumulation (the
+            16-bit matmul's speed) rather than a float32 matmul, and the sparse cross-entropy as
+            one computation each way from the 16-bit logits. The numbers are the same to float32
+            rounding; XLA's compiler costs about 70 MiB of fixed process memory on a CPU.
         frozen_weights: String, "compute" (default) or "float32" (see `keras_amp.memory`).
         enabled: Bool, default True; False in `keras_amp.config()` while keras_amp is off.
     """

@@ -80,7 +80,8 @@ _FACTORIES: dict[str, Callable | None] = {
     **{name: None for name in DROPOUT_RELIED_ON},
     f"{TF_NN}.categorical_crossentropy": float32_loss_rule("Softmax"),
     f"{_OPS_NN}.CategoricalCrossentropy.compute_output_spec": float32_loss_spec,
-    f"{TF_NN}.sparse_categorical_crossentropy": lambda f: upcast_recompute_sparse_categorical_crossentropy(float32_loss_rule("Softmax")(f)),
+    f"{TF_NN}.sparse_categorical_crossentropy": lambda f, xla_scores: upcast_recompute_sparse_categorical_crossentropy(
+        float32_loss_rule("Softmax")(f), xla_scores=xla_scores),
     f"{_OPS_NN}.SparseCategoricalCrossentropy.compute_output_spec": float32_loss_spec,
     f"{TF_NN}.binary_crossentropy": float32_loss_rule("Sigmoid"),
     f"{_OPS_NN}.BinaryCrossentropy.compute_output_spec": float32_loss_spec,
@@ -115,9 +116,11 @@ def _own(owner: Any, attr: str) -> Any:
 
 # As Keras defines them (captured by keras_amp._compat at import, before any replacement).
 ORIGINALS: dict[str, Callable] = {name: _compat.original(name) for name in _FACTORIES if _compat.original(name)}
-# The rules whose replacement computes attention scores take the trace-time option
+
+# The rules with XLA kernels (attention scores, the sparse cross-entropy) take the trace-time option
 # `xla_scores` (`keras_amp.enable(xla_scores=...)`) as an argument, bound when they are built.
-_TAKE_XLA_SCORES = (f"{TF_NN}.softmax", f"{TF_NN}.log_softmax", MHA_COMPUTE, DPA)
+_TAKE_XLA_SCORES = (f"{TF_NN}.softmax", f"{TF_NN}.log_softmax", MHA_COMPUTE, DPA,
+                    f"{TF_NN}.sparse_categorical_crossentropy")
 
 
 def _build(xla_scores: bool) -> dict[str, Callable]:

@@ -27,6 +27,7 @@ import keras
 import tensorflow as tf
 
 from keras_amp.custom_gradient import custom_gradient
+from keras_amp.numerics import cross_entropy
 
 _16BIT = (tf.float16, tf.bfloat16)
 
@@ -313,8 +314,14 @@ def _float32_sparse_cross_entropy(labels: tf.Tensor, logits: tf.Tensor, logits16
     return cross_entropy(logits)
 
 
-def upcast_recompute_sparse_categorical_crossentropy(original: Callable) -> Callable:
-    """Wraps the float32 loss rule (`float32_ops.float32_loss_rule`) for integer targets and logits."""
+def upcast_recompute_sparse_categorical_crossentropy(original: Callable, *, xla_scores: bool = True) -> Callable:
+    """Wraps the float32 loss rule (`float32_ops.float32_loss_rule`) for integer targets and logits.
+
+    With `xla_scores` (keras_amp's XLA kernels on, `keras_amp.enable`) the loss and its gradient
+    are two XLA computations that read the 16-bit logits (`numerics.cross_entropy`); without it,
+    TensorFlow's kernel on the float32 upcast, run again in the backward pass.
+    """
+    kernel = cross_entropy.sparse_cross_entropy if xla_scores else _float32_sparse_cross_entropy
 
     def sparse_categorical_crossentropy(target, output, from_logits=False, axis=-1):
         logits16 = source16(output) if from_logits else None
@@ -327,7 +334,7 @@ def upcast_recompute_sparse_categorical_crossentropy(original: Callable) -> Call
         if labels.shape.rank != rank - 1 or not labels.shape.is_compatible_with(output.shape[:-1]):
             # Keras's own checks and error messages.
             return original(target, output, from_logits=from_logits, axis=axis)
-        return _float32_sparse_cross_entropy(labels, tf.cast(output, tf.float32), logits16)
+        return kernel(labels, tf.cast(output, tf.float32), logits16)
 
     sparse_categorical_crossentropy.__name__ = sparse_categorical_crossentropy.__qualname__ = original.__name__
     return sparse_categorical_crossentropy
