@@ -7,12 +7,13 @@ identity) or its own traced ops (`normalization_dtype()`: a root of a mean of sq
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import keras
 import tensorflow as tf
 
 from keras_amp.model_graph import children, is_island, is_layer
+from keras_amp.op_rules import dataflow
 
 # Activations by the op type that makes them unsafe in 16 bits. Softmax-type: the normaliser is a
 # long sum of exponentials that loses precision in 16 bits (and float16 inputs overflow exp).
@@ -59,13 +60,7 @@ def op_kind(layer: Any) -> str | None:
     return None
 
 
-# The dataflow of a normalisation's statistics: a root (or its reciprocal) of a mean or sum of
-# squares, through casts, an epsilon added and reshapes (TF op types, TF 2.21).
 _ROOTS = ("Rsqrt", "Sqrt")
-_REDUCTIONS = ("Mean", "Sum")
-_SQUARES = ("Square", "SquaredDifference", "Pow")
-_TO_ROOT = ("Cast", "AddV2", "Add", "Maximum", "Identity", "Reshape", "ExpandDims", "Squeeze")
-_TO_REDUCTION = ("Cast", "Identity", "Reshape", "Transpose", "ExpandDims")
 
 
 def _float_dtype(op: Any) -> str | None:
@@ -73,33 +68,19 @@ def _float_dtype(op: Any) -> str | None:
     return next((t.dtype.name for t in op.inputs if t.dtype.is_floating), None)
 
 
-def _back(tensor: Any, through: tuple[str, ...], found: Callable[[Any], bool], depth: int = 8) -> list:
-    """The ops `found` accepts that feed `tensor` through ops of the types `through`."""
-    op = tensor.op
-    if found(op):
-        return [op]
-    if depth == 0 or op.type not in through:
-        return []
-    return [hit for t in op.inputs if t.dtype.is_floating for hit in _back(t, through, found, depth - 1)]
-
-
-def _is_square(op: Any) -> bool:
-    # x * x is a square too (the same tensor twice); Pow is keras-hub's ops.power(x, 2) (any power
-    # of the input summed and rooted is a statistic with the same range problem).
-    return op.type in _SQUARES or (op.type == "Mul" and len(op.inputs) == 2 and op.inputs[0] is op.inputs[1])
-
-
 def _root_of_mean_of_squares_dtype(ops: list) -> str | None:
-    """The least precise dtype a root of a mean of squares among `ops` computes in, or None.
+    """The least precise dtype a normalisation statistic's root among `ops` computes in, or None.
 
-    Both halves count: the squares (which overflow float16 past 256 and keep 8 bits in bfloat16)
-    and the root. `ops` are TensorFlow graph operations.
+    Both halves count: the chain from the values to the statistic (squares overflow float16 past
+    256 and keep 8 bits in bfloat16) and the root. The statistic is the op rules' definition
+    (`op_rules.dataflow.statistic_dtype`: a mean or sum of squares or deviations, through `+ eps`
+    and a scale), so what the rules rebuild and what this module calls a normalisation agree.
     """
     dtypes = []
     for root in (op for op in ops if op.type in _ROOTS):
-        for reduction in _back(root.inputs[0], _TO_ROOT, lambda o: o.type in _REDUCTIONS):
-            for square in _back(reduction.inputs[0], _TO_REDUCTION, _is_square):
-                dtypes += [_float_dtype(square), _float_dtype(root)]
+        chain = dataflow.statistic_dtype(root.inputs[0])
+        if chain is not None:
+            dtypes += [chain, _float_dtype(root)]
     return min((d for d in dtypes if d is not None), key=lambda d: tf.as_dtype(d).size, default=None)
 
 

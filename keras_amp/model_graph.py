@@ -2,10 +2,11 @@
 
 The one place that knows how a Keras model is put together. `walk()` reaches every layer of a
 Sequential, functional (operator nodes such as `x + y` included on request), nested or subclassed
-model; `graph()` gives a functional model's edges; `boundary()` the layers at its inputs or
-outputs; `neighbour_dtypes()` what each layer of a graph takes and feeds; `is_island()` says whether a layer is a deliberate float32 island;
-`is_stale()` whether a model was built before `keras_amp.enable()`. recipes, check and
-diagnostics stand on this module.
+model; `layer_tree()` reads that once for a caller that walks a model several times (`tree=`);
+`graph()` gives a functional model's edges; `boundary()` the layers at its inputs or outputs;
+`neighbour_dtypes()` what each layer of a graph takes and feeds; `is_island()` says whether a
+layer is a deliberate float32 island; `is_stale()` whether a model was built before
+`keras_amp.enable()`. recipes, check and diagnostics stand on this module.
 
 Written against Keras 3.15.1: a functional model's graph is recorded only in private attributes
 (`_nodes_by_depth`, `Node.parent_nodes`, `KerasTensor._keras_history`) and a layer's children only
@@ -27,16 +28,10 @@ from keras_amp import validation
 
 # Every Keras convolution class: heavy layers, and the "cnn" recipe's convolutions.
 CONV_LAYERS = (
-    keras.layers.Conv1D,
-    keras.layers.Conv2D,
-    keras.layers.Conv3D,
-    keras.layers.Conv1DTranspose,
-    keras.layers.Conv2DTranspose,
-    keras.layers.Conv3DTranspose,
-    keras.layers.DepthwiseConv1D,
-    keras.layers.DepthwiseConv2D,
-    keras.layers.SeparableConv1D,
-    keras.layers.SeparableConv2D,
+    keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D,
+    keras.layers.Conv1DTranspose, keras.layers.Conv2DTranspose, keras.layers.Conv3DTranspose,
+    keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D,
+    keras.layers.SeparableConv1D, keras.layers.SeparableConv2D,
 )
 # Layers whose compute dtype decides mixed-precision speed (the matmuls and convolutions).
 _FUNCTIONAL = _compat.original("keras.src.models.functional.Functional")
@@ -102,6 +97,7 @@ def walk(
     *,
     operations: bool = False,
     into: Callable[[Any], bool] | None = None,
+    tree: LayerTree | None = None,
 ) -> Iterator[tuple[str, Any]]:
     """Yields `(path, layer)` for every layer under `model`, parents before their children.
 
@@ -115,6 +111,8 @@ def walk(
             (`keras.Operation`s, not layers), which have no sublayers.
         into: Callable or None. `into(layer) -> bool` decides whether to visit `layer`'s
             sublayers; None visits all of them. `lambda l: not is_island(l)` stops at islands.
+        tree: `LayerTree` or None (default: read `model`). `layer_tree(model)`, read once by a
+            caller that walks `model` several times: the walk reads it instead of the model.
 
     Example:
         >>> for path, layer in keras_amp.model_graph.walk(model):
@@ -124,14 +122,31 @@ def walk(
     operations = validation.check_bool("operations", operations)
     if into is not None:
         validation.check_callable("into", into)
-    return _walk(model, operations, into)
+    if tree is None:
+        return _walk(model, operations, into)
+    tree = layer_tree(model, tree)
+    return _visit(model, into, lambda layer: tree.children(layer, operations=operations))
 
 
-def _walk(model: Any, operations: bool, into: Callable[[Any], bool] | None) -> Iterator[tuple[str, Any]]:
+def _walk(model: Any, operations: bool, into: Callable[[Any], bool] | None,
+          record: dict | None = None) -> Iterator[tuple[str, Any]]:
+    """The one reader of a model's layer tree; `record` keeps each layer's `children` by id."""
+
+    def read(layer):
+        found = children(layer, operations=operations)
+        if record is not None:
+            record[id(layer)] = tuple(found)
+        return found
+
+    return _visit(model, into, read)
+
+
+def _visit(model: Any, into: Callable[[Any], bool] | None,
+           children_of: Callable[[Any], list]) -> Iterator[tuple[str, Any]]:
     seen: set[int] = set()
 
     def visit(parent, prefix):
-        for child in children(parent, operations=operations):
+        for child in children_of(parent):
             if id(child) in seen:
                 continue
             seen.add(id(child))
@@ -141,6 +156,51 @@ def _walk(model: Any, operations: bool, into: Callable[[Any], bool] | None) -> I
                 yield from visit(child, f"{path}/")
 
     yield from visit(model, "")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LayerTree:
+    """A model's layer tree, read once by `layer_tree(model)` and passed to every later walk of it.
+
+    It keeps which layers (and operator nodes) sit directly under which, not their dtype
+    policies: a walk of it yields the layers themselves, whose policies are read when asked, so
+    a policy set in place since is seen. A walk replays `walk`'s visit over the kept lists, so
+    `walk(model, into=..., tree=tree)` yields what `walk(model, into=...)` yields, a shared layer
+    included (once, at the first place the walk enters). Read it again after something adds
+    layers (building an unbuilt model creates the sublayers a layer makes in `build()`).
+
+    Args:
+        model: The model (or layer) that was read.
+        sublayers: Dict. id(layer) -> tuple `children(layer, operations=True)` for `model` and
+            every layer under it.
+    """
+
+    model: Any
+    sublayers: dict
+
+    def children(self, layer: Any, *, operations: bool = False) -> list:
+        """`children(layer, operations=...)`, read from the tree for `model` and the layers under it."""
+        operations = validation.check_bool("operations", operations)
+        found = self.sublayers.get(id(layer))
+        if found is None:  # an operator node (no sublayers), or a layer from elsewhere
+            return children(layer, operations=operations)
+        return [c for c in found if operations or is_layer(c)]
+
+
+def layer_tree(model: Any, tree: LayerTree | None = None) -> LayerTree:
+    """`model`'s `LayerTree`: `tree` when given (it must be `model`'s), else one walk of `model`."""
+    if tree is None:
+        sublayers: dict[int, tuple] = {}
+        for _ in _walk(model, True, None, sublayers):
+            pass
+        return LayerTree(model, sublayers)
+    validation.check_type("tree", tree, LayerTree, "a keras_amp.model_graph.LayerTree or None")
+    if tree.model is not model:
+        raise ValueError(
+            "`tree` must be the LayerTree of `model` (model_graph.layer_tree(model)). Received: the tree "
+            f"of {getattr(tree.model, 'name', tree.model)!r} for model {getattr(model, 'name', model)!r}"
+        )
+    return tree
 
 
 def leaves(model: Any, *, into: Callable[[Any], bool] | None = None) -> list[tuple[str, Any]]:
@@ -248,21 +308,21 @@ def boundary(model: keras.Model, *, first: bool) -> set[int]:
     return found
 
 
-def neighbour_dtypes(model: keras.Model, dtype_of: Callable[[Any], str], *,
-                     upstream: bool) -> dict[int, tuple[str, ...] | None]:
+def neighbour_dtypes(model: keras.Model, dtype_of: Callable[[Any], str], *, upstream: bool,
+                     tree: LayerTree | None = None) -> dict[int, tuple[str, ...] | None]:
     """For each node of every Sequential/functional graph in `model`: the dtypes next to it.
 
     `upstream=True`: the dtypes of what feeds it; False: of what it feeds. `dtype_of(layer)` says
     what a layer (or nested model) computes in; operator nodes (`x + y`) are looked through to the
     layers around them. None when a model input (upstream) or output (downstream) is among them,
     whose dtype is not a layer's. Layers called from a subclassed model's or a composite layer's
-    own code are not in the map: their neighbours are unknown.
+    own code are not in the map: their neighbours are unknown. `tree`: as for `walk`.
     """
     validation.check_type("model", model, keras.Model, "a keras.Model")
     validation.check_callable("dtype_of", dtype_of)
     upstream = validation.check_bool("upstream", upstream)
     found: dict[int, tuple[str, ...] | None] = {}
-    graphs = [model] + [layer for _, layer in walk(model) if is_graph(layer)]
+    graphs = [model] + [layer for _, layer in walk(model, tree=tree) if is_graph(layer)]
     for owner in graphs:
         if not is_graph(owner) and not isinstance(owner, keras.Sequential):
             continue
@@ -298,21 +358,21 @@ def _not_island(layer: Any) -> bool:
     return not is_island(layer)
 
 
-def is_stale(model: Any) -> bool:
+def is_stale(model: Any, *, tree: LayerTree | None = None) -> bool:
     """Whether `model` was built before `keras_amp.enable()` (and not converted since).
 
     True when a mixed policy is in force, the model's own dtype policy (set from the global
     policy when the model is constructed, and by `apply_recipe`) is another one, and none of
     its heavy layers (Dense, EinsumDense, Embedding, MultiHeadAttention, convolutions; islands
     and what is inside them left out) computes in the policy in force. Needs no mark on the
-    model: a `.keras` reload under `enable()` takes the policy in force.
+    model: a `.keras` reload under `enable()` takes the policy in force. `tree`: as for `walk`.
     """
     config = amp_policy.config()
     if config is None or not isinstance(model, keras.layers.Layer):
         return False
     if model.dtype_policy.name == config.policy:
         return False
-    heavy = [layer for _, layer in walk(model, into=_not_island) if isinstance(layer, HEAVY_LAYERS)]
+    heavy = [layer for _, layer in walk(model, into=_not_island, tree=tree) if isinstance(layer, HEAVY_LAYERS)]
     heavy = [layer for layer in heavy if not is_island(layer)]
     return bool(heavy) and all(layer.compute_dtype != config.compute_dtype for layer in heavy)
 

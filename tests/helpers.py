@@ -179,3 +179,17 @@ class BatchLogRecorder(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.batch_logs.append(dict(logs))
+
+
+def count_walks(monkeypatch):
+    """A list that gets the model of every read of a layer tree (`model_graph._walk`), from now on."""
+    from keras_amp import model_graph
+
+    walked, original = [], model_graph._walk
+
+    def counted(model, *args, **kwargs):
+        walked.append(model)
+        return original(model, *args, **kwargs)
+
+    monkeypatch.setattr(model_graph, "_walk", counted)
+    return walked

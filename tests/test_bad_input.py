@@ -141,6 +141,7 @@ API = {
     "apply_recipe": (recipes.apply_recipe, lambda **kw: recipes.apply_recipe(**{"model": _model(), "recipe": "cnn", **kw})),
     "model_graph.children": (model_graph.children, lambda **kw: model_graph.children(**{"layer": _model(), **kw})),
     "model_graph.walk": (model_graph.walk, lambda **kw: model_graph.walk(**{"model": _model(), **kw})),
+    "model_graph.layer_tree": (model_graph.layer_tree, lambda **kw: model_graph.layer_tree(**{"model": _model(), **kw})),
     "model_graph.leaves": (model_graph.leaves, lambda **kw: model_graph.leaves(**{"model": _model(), **kw})),
     "model_graph.graph": (model_graph.graph, _with(model_graph.graph)),
     "model_graph.boundary": (model_graph.boundary,
@@ -223,6 +224,7 @@ EXCLUDED = {
     "keras_amp.AmpWarning", "keras_amp.MinScaleError", "keras_amp.distribute.FingerprintMismatchError",
     # Result records: frozen dataclasses keras_amp builds and returns; users read them.
     "keras_amp.AuditReport", "keras_amp.Finding", "keras_amp.ModelReport", "keras_amp.OpRecord",
+    "keras_amp.model_graph.LayerTree",  # built by model_graph.layer_tree, never by users
     "keras_amp.OverflowReport", "keras_amp.RecipePlan", "keras_amp.recipes.LayerPolicy",
     "keras_amp.diagnostics.GradientReport", "keras_amp.diagnostics.LayerGradientStats",
     "keras_amp.diagnostics.LayerOverflowStats", "keras_amp.diagnostics.Producer",
@@ -245,7 +247,7 @@ EXCLUDED = {
 #   tensor or nest may be right for some model, so, as in `model.fit`, a wrong one fails in the
 #   model's own call. (A required `x` has its row: None is never an input.)
 ANY_VALUE = {
-    ("model_graph.children", "layer"), ("model_graph.walk", "model"), ("model_graph.leaves", "model"),
+    ("model_graph.children", "layer"), ("model_graph.walk", "model"), ("model_graph.layer_tree", "model"), ("model_graph.leaves", "model"),
     ("model_graph.warn_if_built_before_enable", "model"),
     ("GradientProbe", "y"), ("find_overflow", "y"), ("gradient_statistics", "y"), ("check_model", "x"),
     ("saved_activations", "y"),
@@ -423,6 +425,8 @@ BAD = [
     ("model_graph.children", "operations", "yes", TypeError),
     ("model_graph.walk", "operations", 1, TypeError),
     ("model_graph.walk", "into", "dense", TypeError),
+    ("model_graph.walk", "tree", "tree", TypeError),
+    ("model_graph.layer_tree", "tree", "tree", TypeError),
     ("model_graph.leaves", "into", 3, TypeError),
     ("model_graph.graph", "model", "model", TypeError),
     ("model_graph.boundary", "model", "model", TypeError),
@@ -431,6 +435,7 @@ BAD = [
     ("model_graph.neighbour_dtypes", "model", "model", TypeError),
     ("model_graph.neighbour_dtypes", "dtype_of", "float32", TypeError),
     ("model_graph.neighbour_dtypes", "upstream", "yes", TypeError),
+    ("model_graph.neighbour_dtypes", "tree", "tree", TypeError),
     # distribute
     ("multi_worker", "timeout_seconds", NAN, ValueError),
     ("multi_worker", "timeout_seconds", True, TypeError),
@@ -637,6 +642,7 @@ BAD = [
     ("audit_model", "model", keras.layers.Dense(2), TypeError),
     ("audit_model", "x", None, TypeError),
     ("audit_model", "training", 1, TypeError),
+    ("audit_model", "tree", "tree", TypeError),
     ("audit_model", "backward", "yes", TypeError),
     ("check_model", "model", "model", TypeError),
     ("check_model", "training", "no", TypeError),

@@ -64,6 +64,85 @@ def test_walk_yields_a_shared_layer_once():
     assert [p for p, _ in mg.walk(model)] == ["shared"]
 
 
+class Block(keras.layers.Layer):
+    """A composite layer holding a layer that its owner also holds (shared in two places)."""
+
+    def __init__(self, shared, **kwargs):
+        super().__init__(**kwargs)
+        self.shared = shared
+        self.own = keras.layers.Dense(2, name="own")
+
+
+class SharedOwner(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        shared = keras.layers.Dense(2, name="shared")
+        self.block = Block(shared, name="block")  # tracked first: the shared layer's first place
+        self.shared = shared
+
+
+def _pairs(entries):
+    return [(path, id(node)) for path, node in entries]
+
+
+def _not_block(layer):
+    return not isinstance(layer, Block)
+
+
+def _not_attention(layer):
+    return not isinstance(layer, keras.layers.MultiHeadAttention)
+
+
+def _nested_sequential():
+    inner = keras.Sequential([keras.layers.Dense(4, name="inner_a"), keras.layers.Dense(4, name="inner_b")], name="inner")
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, name="d"), inner, keras.layers.Dropout(0.1)])
+
+
+@pytest.mark.parametrize("make, into", [
+    (_nested_sequential, lambda l: l.name != "inner"),
+    (functional_with_operator_and_nested, lambda l: l.name != "inner"),
+    (subclassed, _not_attention),
+    (SharedOwner, _not_block),
+], ids=["sequential_nested", "functional_operator_nodes", "subclassed", "shared_layer"])
+def test_layer_tree_walks_give_what_the_walks_give(make, into):
+    model = make()
+    tree = mg.layer_tree(model)
+    for operations in (False, True):
+        for pred in (None, into, lambda l: False):
+            assert _pairs(mg.walk(model, operations=operations, into=pred, tree=tree)) == _pairs(
+                mg.walk(model, operations=operations, into=pred)), (operations, pred)
+    for _, node in mg.walk(model, operations=True):
+        for operations in (False, True):
+            assert [id(c) for c in tree.children(node, operations=operations)] == [
+                id(c) for c in mg.children(node, operations=operations)]
+    for upstream in (False, True):
+        assert mg.neighbour_dtypes(model, lambda l: l.name, upstream=upstream, tree=tree) == (
+            mg.neighbour_dtypes(model, lambda l: l.name, upstream=upstream))
+    keras_amp.enable("mixed_bfloat16")  # the models were built under float32: stale
+    assert mg.is_stale(model, tree=tree) and mg.is_stale(model)
+    assert mg.layer_tree(model, tree) is tree
+
+
+def test_layer_tree_keeps_a_shared_layer_at_the_first_place_each_walk_enters():
+    model = SharedOwner()
+    tree = mg.layer_tree(model)
+    assert [p for p, _ in mg.walk(model, tree=tree)] == ["block", "block/shared", "block/own"]
+    # Not entering `block` hides its entries, so the shared layer's first place is now its second:
+    # a walk of the tree is a walk, not the full list filtered by path.
+    assert [p for p, _ in mg.walk(model, into=_not_block, tree=tree)] == ["block", "shared"]
+
+
+def test_layer_tree_reads_policies_fresh_and_belongs_to_one_model():
+    model = functional_with_operator_and_nested()
+    tree = mg.layer_tree(model)
+    model.get_layer("head").dtype_policy = "float16"
+    assert dict(mg.walk(model, tree=tree))["head"].dtype_policy.name == "float16"
+    with pytest.raises(ValueError, match=r"`tree` must be the LayerTree of `model`.*Received: the tree of 'functional'"):
+        list(mg.walk(subclassed(), tree=tree))
+    with pytest.raises(TypeError, match="`tree` must be a keras_amp.model_graph.LayerTree or None"):
+        mg.walk(model, tree=dict(mg.walk(model)))
+
+
 def test_graph_edges_and_boundaries_cross_operator_nodes_and_nested_models():
     model = functional_with_operator_and_nested()
     g = mg.graph(model)

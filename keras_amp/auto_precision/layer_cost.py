@@ -94,12 +94,13 @@ def _own_weights(layer) -> int:
     return sum(1 for v in layer.weights if id(v) not in inner)
 
 
-def layer_flops(model: keras.Model, x: Any) -> dict[str, int]:
+def layer_flops(model: keras.Model, x: Any, *, tree: model_graph.LayerTree | None = None) -> dict[str, int]:
     """Path -> floating-point operations the layer's own call computed in one forward pass on `x`.
 
     Traced in inference mode (as `search_precision` measures), under the policies set now.
+    `tree`: the model's `model_graph.layer_tree`, when the caller has read it.
     """
-    trace = audit.trace(model, x, training=False, backward=False)
+    trace = audit.trace(model, x, training=False, backward=False, tree=tree)
     flops: dict[str, int] = {}
     for _, op, path, phase in audit.graph_ops(trace):
         if path and phase == "forward":

@@ -16,17 +16,23 @@ from keras_amp.matmul16_policy import Matmul16DTypePolicy
 FLOAT32 = "float32"
 
 
-def layers_by_path(model: keras.Model) -> dict[str, keras.layers.Layer]:
-    """Every layer below `model` by its `model_graph.walk` path ("block/dense"), in model order."""
-    return dict(model_graph.walk(model))
+def layers_by_path(model: keras.Model, *, tree: model_graph.LayerTree | None = None) -> dict[str, keras.layers.Layer]:
+    """Every layer below `model` by its `model_graph.walk` path ("block/dense"), in model order.
+
+    `tree`: the model's `model_graph.layer_tree`, read once by a caller that asks again and again
+    (layers do not change when their policies do); None walks the model. The functions below take
+    `tree` the same way.
+    """
+    return dict(model_graph.walk(model, tree=tree))
 
 
-def policy_names(model: keras.Model) -> dict[str, str]:
-    """path -> dtype policy name for every layer."""
-    return {path: layer.dtype_policy.name for path, layer in layers_by_path(model).items()}
+def policy_names(model: keras.Model, *, tree: model_graph.LayerTree | None = None) -> dict[str, str]:
+    """path -> dtype policy name for every layer, read now."""
+    return {path: layer.dtype_policy.name for path, layer in layers_by_path(model, tree=tree).items()}
 
 
-def set_policies(model: keras.Model, policies: dict[str, str]) -> None:
+def set_policies(model: keras.Model, policies: dict[str, str], *,
+                 tree: model_graph.LayerTree | None = None) -> None:
     """Sets each named layer's dtype policy in place and drops the model's traced functions.
 
     Variables are untouched (mixed and float32 policies both keep float32 variables), so
@@ -34,7 +40,7 @@ def set_policies(model: keras.Model, policies: dict[str, str]) -> None:
     `layer_policies.set_in_place` sets them: all or nothing, a quantized layer keeps its
     quantization (or the change is refused naming it), `Normalization` statistics are refreshed.
     """
-    layers = layers_by_path(model)
+    layers = layers_by_path(model, tree=tree)
     unknown = sorted(set(policies) - set(layers))
     if unknown:
         raise ValueError(
@@ -46,11 +52,11 @@ def set_policies(model: keras.Model, policies: dict[str, str]) -> None:
     reset_functions(model)
 
 
-def float32_policies(model: keras.Model, paths) -> dict[str, str]:
+def float32_policies(model: keras.Model, paths, *, tree: model_graph.LayerTree | None = None) -> dict[str, str]:
     """{path: "float32"} for `paths`, and for every layer above or below one of them whose policy
     is a `Matmul16DTypePolicy`: that policy's matmuls reach the layers inside it (an RNN's float32
     cell), so a layer there is only float32 once the whole recurrence is."""
-    layers = layers_by_path(model)
+    layers = layers_by_path(model, tree=tree)
     out = {}
     for path in paths:
         out[path] = FLOAT32
@@ -69,13 +75,13 @@ def reset_functions(model: keras.Model) -> None:
 
 
 @contextlib.contextmanager
-def temporary_policies(model: keras.Model) -> Iterator[None]:
+def temporary_policies(model: keras.Model, *, tree: model_graph.LayerTree | None = None) -> Iterator[None]:
     """Restores every layer's policy (and drops traced functions) on exit."""
-    saved = policy_names(model)
+    saved = policy_names(model, tree=tree)
     try:
         yield
     finally:
-        set_policies(model, saved)
+        set_policies(model, saved, tree=tree)
 
 
 def global_step(optimizer: Any) -> int:
@@ -176,10 +182,11 @@ def reapply_float32(model: keras.Model, paths) -> tuple[str, ...]:
     Rebuilds the train function when anything changed (callers run inside `fit`); returns the
     paths whose policy changed.
     """
-    layers = layers_by_path(model)
-    wanted = float32_policies(model, [p for p in paths if p in layers])
+    tree = model_graph.layer_tree(model)
+    layers = layers_by_path(model, tree=tree)
+    wanted = float32_policies(model, [p for p in paths if p in layers], tree=tree)
     changed = tuple(p for p in wanted if layers[p].dtype_policy.name != FLOAT32)
     if changed:
-        set_policies(model, {p: FLOAT32 for p in changed})
+        set_policies(model, {p: FLOAT32 for p in changed}, tree=tree)
         model.make_train_function(force=True)
     return changed

@@ -35,7 +35,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_amp import validation
+from keras_amp import model_graph, validation
 from keras_amp.op_rules.table import LOW_PRECISION as LOW
 from keras_amp.auto_precision import model_policies, layer_cost
 from keras_amp.auto_precision.progress import Progress
@@ -100,7 +100,9 @@ class SearchResult:
 
     def apply(self, model: keras.Model) -> keras.Model:
         """Sets the chosen layers of `model` to float32 in place; returns `model`."""
-        model_policies.set_policies(model, model_policies.float32_policies(model, self.float32_layers))
+        tree = model_graph.layer_tree(model)
+        model_policies.set_policies(model, model_policies.float32_policies(model, self.float32_layers, tree=tree),
+                                    tree=tree)
         return model
 
     def __str__(self) -> str:
@@ -260,12 +262,15 @@ def search_precision(
     loss_fn = _loss_fn(model, loss)
     start = time.perf_counter()
 
-    layers = model_policies.layers_by_path(model)
-    with model_policies.temporary_policies(model):
+    tree = model_graph.layer_tree(model)  # one walk: the search changes policies, never layers
+    layers = model_policies.layers_by_path(model, tree=tree)
+    with model_policies.temporary_policies(model, tree=tree):
         if policy is not None:
-            model_policies.set_policies(model, {p: policy for p, l in layers.items() if l.compute_dtype in LOW})
-        current = model_policies.policy_names(model)
-        flops = layer_cost.layer_flops(model, keras.utils.unpack_x_y_sample_weight(data_batches[0])[0])
+            to_policy = {p: policy for p, l in layers.items() if l.compute_dtype in LOW}
+            model_policies.set_policies(model, to_policy, tree=tree)
+        current = model_policies.policy_names(model, tree=tree)
+        x = keras.utils.unpack_x_y_sample_weight(data_batches[0])[0]
+        flops = layer_cost.layer_flops(model, x, tree=tree)
         sixteen = [p for p, l in layers.items() if l.compute_dtype in LOW and (patterns is None or _matches(p, patterns))]
         pool = [p for p in sixteen if layer_cost.costs_something(layers[p], flops.get(p, 0))]
         left_out = tuple(p for p in sixteen if p not in pool)
@@ -274,7 +279,8 @@ def search_precision(
 
         def measure(float32_paths: Iterable[str], what: str) -> Errors:
             chosen = set(float32_paths)
-            model_policies.set_policies(model, {p: (FLOAT32 if p in chosen else current[p]) for p in current})
+            policies = {p: (FLOAT32 if p in chosen else current[p]) for p in current}
+            model_policies.set_policies(model, policies, tree=tree)
             errors = _errors(_run(model, data_batches, loss_fn), ref)
             progress.step(what, errors)
             return errors
@@ -283,7 +289,7 @@ def search_precision(
             return errors.finite and errors.loss <= tolerance and (
                 gradient_tolerance is None or errors.gradient <= gradient_tolerance)
 
-        model_policies.set_policies(model, all32)
+        model_policies.set_policies(model, all32, tree=tree)
         ref = _run(model, data_batches, loss_fn)
         if not all(math.isfinite(r[0]) for r in ref):
             raise ValueError("The all-float32 model gives a non-finite loss on `data`: nothing to compare against.")

@@ -63,13 +63,14 @@ class Trace:
 
 
 @contextlib.contextmanager
-def attributing(model: keras.Model, trace: Trace):
+def attributing(model: keras.Model, trace: Trace, *, tree: model_graph.LayerTree | None = None):
     """Wraps every sublayer's and operator node's `call` while a step is traced; restores them.
 
-    The traced function must set `trace.graph` to its graph before it calls `model`.
+    The traced function must set `trace.graph` to its graph before it calls `model`. `tree`: the
+    model's `model_graph.layer_tree`, when the caller has read it (None: the model is walked).
     """
     events = trace.events
-    targets = list(model_graph.walk(model, operations=True))
+    targets = list(model_graph.walk(model, operations=True, tree=tree))
     saved = []
     for path, target in targets:
         had_own = "call" in vars(target)

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import keras
 import tensorflow as tf
 
-from keras_amp import op_rules
+from keras_amp import model_graph, op_rules
 from keras_amp.op_rules import dataflow
 from keras_amp import validation
 from keras_amp.diagnostics import attribution
@@ -128,13 +128,18 @@ def _scalar(outputs: Any) -> tf.Tensor:
     return tf.add_n(parts) if parts else tf.constant(0.0)
 
 
-def trace(model: keras.Model, x: Any, *, training: bool = False, backward: bool = True) -> attribution.Trace:
-    """Traces `model(x)` (+ the backward pass) with ops attributed to layers; runs it once."""
+def trace(model: keras.Model, x: Any, *, training: bool = False, backward: bool = True,
+          tree: model_graph.LayerTree | None = None) -> attribution.Trace:
+    """Traces `model(x)` (+ the backward pass) with ops attributed to layers; runs it once.
+
+    `tree`: the model's `model_graph.layer_tree`, when the caller has read it (None: walked here).
+    """
     inputs = keras.tree.map_structure(tf.convert_to_tensor, x)
     if not model.built:
         # Sublayers a layer creates in build() (MultiHeadAttention's projections) must exist
         # before attribution wraps them; tracing builds the model without running the batch.
         tf.function(lambda i: model(i, training=training)).get_concrete_function(inputs)
+        tree = None  # read before the build: without those sublayers
     recorded = attribution.Trace()
 
     def step(inputs):
@@ -154,7 +159,7 @@ def trace(model: keras.Model, x: Any, *, training: bool = False, backward: bool 
         attribution.assign_owners(recorded, graph.get_operations(), forward_end, model_start, model_end, "")
         return result
 
-    with attribution.attributing(model, recorded):
+    with attribution.attributing(model, recorded, tree=tree):
         concrete = tf.function(step).get_concrete_function(inputs)
     concrete(inputs)  # the function traced under attribution (calling the tf.function could retrace)
     return recorded
@@ -273,7 +278,8 @@ def op_dtype(op: tf.Operation) -> str | None:
     return None
 
 
-def audit_model(model: keras.Model, x: Any, *, training: bool = False, backward: bool = True) -> AuditReport:
+def audit_model(model: keras.Model, x: Any, *, training: bool = False, backward: bool = True,
+                tree: model_graph.LayerTree | None = None) -> AuditReport:
     """Runs one batch of `model` and records the dtype each sensitive op ran in, by layer path.
 
     Args:
@@ -282,6 +288,8 @@ def audit_model(model: keras.Model, x: Any, *, training: bool = False, backward:
         training: Bool, default False. Passed to the model call (dropout and friends).
         backward: Bool, default True. Also trace and run the gradient of the sum of the
             float outputs with respect to the trainable variables.
+        tree: `keras_amp.model_graph.LayerTree` or None (default: the model is walked). The
+            model's `model_graph.layer_tree(model)`, for a caller that has read it already.
 
     Returns:
         An `AuditReport`; `.low_precision()` lists the sensitive ops that ran in 16 bits.
@@ -296,7 +304,7 @@ def audit_model(model: keras.Model, x: Any, *, training: bool = False, backward:
                         "takes. Received: x=None")
     validation.check_bool("training", training)
     validation.check_bool("backward", backward)
-    traced = trace(model, x, training=training, backward=backward)
+    traced = trace(model, x, training=training, backward=backward, tree=tree)
     path_of, records, scores = {}, [], set()
     for name, op, path, phase in graph_ops(traced):
         path_of[name] = path

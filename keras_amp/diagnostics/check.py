@@ -249,8 +249,10 @@ def check_model(model: keras.Model, x: Any = None, *, training: bool = False,
     validation.check_bool("training", training)
     validation.check_type("device", device, (hardware.DeviceInfo, type(None)), "a keras_amp.hardware.DeviceInfo or None")
     device = hardware.detect() if device is None else device
-    layers = list(model_graph.walk(model, into=_descends))
-    fed = model_graph.neighbour_dtypes(model, _output_dtype, upstream=True)
+    tree = model_graph.layer_tree(model)  # the one walk of the model; every finding below reads it
+    built = model.built
+    layers = list(model_graph.walk(model, into=_descends, tree=tree))
+    fed = model_graph.neighbour_dtypes(model, _output_dtype, upstream=True, tree=tree)
     found: list[Finding] = []
     # A wrapper's op finding already covers its inner layer (op_kind looks inside wrappers):
     # TimeDistributed(Dense(activation="softmax")) is one softmax, not two.
@@ -268,29 +270,32 @@ def check_model(model: keras.Model, x: Any = None, *, training: bool = False,
     outputs_found, notes = output_findings(model, loss)
     found.extend(outputs_found)
     if x is not None:
-        found.extend(audit_findings(model, audit.audit_model(model, x, training=training), found, probe=False))
+        found.extend(audit_findings(model, audit.audit_model(model, x, training=training, tree=tree), found,
+                                    probe=False))
     else:
         batch, note = probe_batch(model)
         if batch is not None:
             try:
-                report = audit.audit_model(model, batch, training=training)
+                report = audit.audit_model(model, batch, training=training, tree=tree)
             except Exception as e:  # noqa: BLE001 - ones may not be a valid input; the report says so
                 note = (f"not audited: the probe batch of ones could not run ({type(e).__name__}: {e}); "
                         "pass x= for the op findings")
             else:
                 found.extend(audit_findings(model, report, found, probe=True))
         notes.append(note)
-    found.extend(_variable_findings(layers))
+    if not built:
+        tree = model_graph.layer_tree(model)  # the audit built it: sublayers made in build() are new
+    found.extend(_variable_findings(layers, tree))
     found.extend(_scaling_findings(model, layers))
-    found.extend(_stale_findings(model))
+    found.extend(_stale_findings(model, tree))
     order = {kind: i for i, kind in enumerate(KINDS)}
     findings = tuple(sorted(found, key=lambda f: order[f.kind]))  # stable: model order within a kind
     return ModelReport(model=model.name, findings=findings, notes=tuple(notes))
 
 
-def _stale_findings(model) -> list[Finding]:
+def _stale_findings(model, tree: model_graph.LayerTree) -> list[Finding]:
     config = amp_policy.config()
-    if not model_graph.is_stale(model):
+    if not model_graph.is_stale(model, tree=tree):
         return []
     return [Finding(
         "built_before_enable", model.name,
@@ -313,12 +318,12 @@ def _loss_findings(model) -> list[Finding]:
     ]
 
 
-def _variable_findings(layers) -> list[Finding]:
+def _variable_findings(layers, tree: model_graph.LayerTree) -> list[Finding]:
     findings = []
     for path, layer in layers:
         # Children's weights are reported at the children, but only for children the walk visits:
         # an MHA/RNN/island layer reports every variable it (transitively) owns.
-        children = model_graph.children(layer) if _descends(layer) else []
+        children = tree.children(layer) if _descends(layer) else []
         inner = {id(v) for child in children for v in child.weights}
         dtypes = sorted({v.dtype for v in layer.weights if id(v) not in inner and v.dtype in LOW_PRECISION})
         for dtype in dtypes:

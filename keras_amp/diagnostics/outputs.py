@@ -10,8 +10,9 @@ and the loss's exp, sum and log run in float32, so nothing overflows or flushes 
 Which one it is follows from what the loss computes, never from its name: the loss is traced on a
 16-bit tensor shaped like the output, and every op that reads the output's values (through casts
 and shape ops) must be a softmax cross-entropy with logits (`SparseSoftmaxCrossEntropyWithLogits`,
-`SoftmaxCrossEntropyWithLogits`) or a `LogSoftmax`, computing in float32. Sigmoid cross-entropy
-from logits is composite in TensorFlow (selects, exp, log1p) and is not recognised.
+`SoftmaxCrossEntropyWithLogits`, keras_amp's XLA one, `numerics.cross_entropy`) or a `LogSoftmax`,
+computing in float32. Sigmoid cross-entropy from logits is composite in TensorFlow (selects, exp,
+log1p) and is not recognised.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_amp.diagnostics.finding import Finding
+from keras_amp.numerics import cross_entropy
 
 _LOG_SOFTMAX = ("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits", "LogSoftmax")
 _PASS_ON = ("Cast", "Identity", "Reshape", "ExpandDims", "Squeeze", "Transpose", "StopGradient")
@@ -104,6 +106,8 @@ def _reads(graph) -> list[tuple[str, str]]:
                 stack.extend(consumer.outputs[k] for k, t in enumerate(consumer.inputs) if t.name == tensor.name)
             elif consumer.type in _PASS_ON:
                 stack.extend(consumer.outputs)
+            elif cross_entropy.is_cross_entropy_call(consumer):  # upcasts inside, computes in float32
+                reads.append(("SparseSoftmaxCrossEntropyWithLogits", "float32"))
             else:
                 reads.append((consumer.type, tensor.dtype.name))
     return reads

@@ -12,6 +12,10 @@ kernel is); the backward pass is one more that reads the 16-bit logits again and
 and is never stored; what the backward pass keeps is the 16-bit logits (kept anyway) and one
 float32 per row. Labels outside `[0, classes)` raise `InvalidArgumentError`, as TensorFlow's CPU
 kernel does (XLA's gather would clamp them).
+
+`is_cross_entropy_call(op)` tells a graph's call of the forward computation, so that a reader of
+a traced loss (`check_model`'s output findings) knows it for a float32 softmax cross-entropy from
+logits; the names of the traced calls are recorded as they are created.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from keras_amp.custom_gradient import custom_gradient
+
+# Function names of the traced forward computations (`tf.function` gives each trace its own).
+_FORWARD_CALLS: set[str] = set()
 
 
 @tf.function(jit_compile=True)
@@ -59,6 +66,8 @@ def sparse_cross_entropy(labels: tf.Tensor, logits: tf.Tensor, logits16: tf.Tens
         # The value does not depend on `logits` (only on its 16-bit source): the gradient below is
         # the only path, and `logits` is read by nothing, so TensorFlow drops the upcast.
         per_row, lse = _forward(flat16, flat_labels)
+        if not tf.executing_eagerly():
+            _FORWARD_CALLS.add(per_row.op.get_attr("f").name)
 
         def grad(d_loss):
             d_rows = tf.reshape(tf.cast(d_loss, tf.float32), [-1])
@@ -67,3 +76,14 @@ def sparse_cross_entropy(labels: tf.Tensor, logits: tf.Tensor, logits16: tf.Tens
         return tf.reshape(per_row, tf.shape(labels)), grad
 
     return cross_entropy(logits)
+
+
+def is_cross_entropy_call(op: tf.Operation) -> bool:
+    """Whether graph op `op` calls this module's forward computation (a float32 softmax
+    cross-entropy of its first input, the 16-bit logits)."""
+    if op.type not in ("PartitionedCall", "StatefulPartitionedCall"):
+        return False
+    try:
+        return op.get_attr("f").name in _FORWARD_CALLS
+    except (ValueError, AttributeError):
+        return False

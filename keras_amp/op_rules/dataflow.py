@@ -204,6 +204,7 @@ class _Walk:
         self._reach: dict[tuple[str, str], bool] = {}
         self._built: dict[tuple[str, str], tf.Tensor] = {}
         self.low = False  # some value-changing op on a reaching path computed in 16 bits
+        self.dtypes: set[str] = set()  # the dtypes value-changing ops on reaching paths compute in
 
     def _target(self, op: tf.Operation, state: str) -> bool:
         return state == SCORES and is_scores_matmul(op)
@@ -225,8 +226,9 @@ class _Walk:
             found = any(hits) or inner in (ARGUMENT, DEVIATION, CENTRED)
         else:
             found = False
-        if found and _low(t) and op.type not in _VALUE_PRESERVING:
-            self.low = True
+        if found and t.dtype.is_floating and op.type not in _VALUE_PRESERVING:
+            self.dtypes.add(t.dtype.name)
+            self.low = self.low or _low(t)
         self._reach[key] = found
         return found
 
@@ -285,6 +287,19 @@ def float32_statistic(x: Any) -> tf.Tensor | None:
     that chain computed in 16 bits.
     """
     return _run(x, ABOVE)
+
+
+def statistic_dtype(x: tf.Tensor) -> str | None:
+    """The least precise dtype a value-changing op of `x`'s statistic chain computes in (`x` a
+    root's argument), or None when `x` is no normalisation statistic (see `is_statistic`). The one
+    definition of a statistic, shared by the op rules, the audit and `layer_kinds`."""
+    walk = _Walk(ABOVE)
+    try:
+        if not (isinstance(x, tf.Tensor) and getattr(x, "graph", None) is not None and walk.reaches(x)):
+            return None
+    except _TooLong:
+        return None
+    return min(walk.dtypes, key=lambda d: tf.as_dtype(d).size, default=None)
 
 
 def is_statistic(x: tf.Tensor) -> bool:

@@ -10,6 +10,7 @@ import pytest
 from auto_precision_models import Amplify, Offset, SubclassedSensitive, regression_data, sensitive_model
 from keras_amp.auto_precision import model_policies, search_precision
 from keras_amp.auto_precision import search as search_module
+from tests.helpers import count_walks
 
 X, Y = regression_data()
 BATCHES = [(X[:64], Y[:64]), (X[64:128], Y[64:128])]
@@ -162,3 +163,14 @@ def test_progress_is_shown_as_fit_shows_it(verbose, capsys):
 def test_bad_verbose_is_refused(verbose, error):
     with pytest.raises(error, match=r"`verbose` must be \"auto\", 0, 1 or 2"):
         search_precision(sensitive_model("mixed_bfloat16"), BATCHES, verbose=verbose)
+
+
+def test_one_walk_of_the_model_serves_every_candidate(monkeypatch):
+    model = sensitive_model("mixed_bfloat16")
+    walked = count_walks(monkeypatch)
+    result = search_precision(model, BATCHES, policy="mixed_bfloat16", tolerance=0.01, verbose=0)
+    assert walked == [model]
+    assert len(result.layers) == 3 and result.passes_per_batch > 5  # guard: several candidates and trials
+    walked.clear()
+    result.apply(model)
+    assert walked == [model] and model.get_layer("sensitive").dtype_policy.name == "float32"

@@ -12,7 +12,7 @@ from keras_amp import layers as amp_layers
 from keras_amp import op_rules, recipes
 from keras_amp.diagnostics import check
 from keras_amp.hardware import DeviceInfo, GpuInfo
-from tests.helpers import MyNorm
+from tests.helpers import MyNorm, count_walks
 
 A100 = DeviceInfo(gpus=(GpuInfo("A100", (8, 0)),))  # bfloat16 and float16 tensor cores
 
@@ -341,3 +341,18 @@ def test_model_built_before_enable_is_found_and_apply_recipe_converts_it():
         assert not check.check_model(converted).of_kind("built_before_enable")
 
 
+
+
+def test_check_model_walks_the_model_once(monkeypatch):
+    keras.config.set_dtype_policy("float32")  # built before enable(): the staleness check walks too
+    inp = keras.Input((8,))
+    summed = keras.layers.Dense(8, name="a")(inp) + keras.layers.Dense(8, name="b")(inp)
+    model = keras.Model(inp, keras.layers.Dense(3, activation="softmax", name="probs")(summed))
+    keras_amp.enable("mixed_float16")
+    walked = count_walks(monkeypatch)
+    report = check.check_model(model, np.ones((2, 8), "float32"), device=A100)
+    assert walked == [model]
+    assert report.kinds() == {"built_before_enable"}  # guard: the staleness check read the layers
+    walked.clear()
+    check.check_model(model, device=A100)  # the probe batch's audit too
+    assert walked == [model]

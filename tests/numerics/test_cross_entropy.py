@@ -64,7 +64,9 @@ def _loss_ops(xla_scores):
         return value, tape.gradient(value, logits16)
 
     spec = (tf.TensorSpec((8, 16), tf.int32), tf.TensorSpec((8, 16, 300), tf.bfloat16))
-    ops = {op.type for op in f.get_concrete_function(*spec).graph.get_operations()}
+    graph_ops = f.get_concrete_function(*spec).graph.get_operations()
+    ops = {op.type for op in graph_ops} | {"(the XLA cross-entropy)" for op in graph_ops
+                                           if cross_entropy.is_cross_entropy_call(op)}
     rng = np.random.default_rng(1)
     labels, logits16 = rng.integers(0, 300, (8, 16)), tf.constant(rng.standard_normal((8, 16, 300)) * 4, tf.bfloat16)
     value, grad = f(tf.constant(labels, tf.int32), logits16)
@@ -77,6 +79,7 @@ def test_the_rule_uses_it_with_xla_kernels_and_tensorflows_kernel_without():
     tf_ops, tf_value, tf_grad = _loss_ops(False)
     assert "SparseSoftmaxCrossEntropyWithLogits" in tf_ops
     assert "SparseSoftmaxCrossEntropyWithLogits" not in xla_ops  # guard: the XLA path was taken
+    assert "(the XLA cross-entropy)" in xla_ops and "(the XLA cross-entropy)" not in tf_ops  # what check_model reads
     np.testing.assert_allclose(xla_value, tf_value, rtol=1e-6)
     # The gradient reaches the 16-bit logits in bfloat16 either way: equal to its rounding.
     np.testing.assert_allclose(xla_grad, tf_grad, rtol=2.0**-8, atol=2.0**-8 * np.abs(tf_grad).max())
