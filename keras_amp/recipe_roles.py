@@ -17,7 +17,7 @@ import keras
 
 from keras_amp import layer_kinds, model_graph, op_rules
 from keras_amp.matmul16_policy import matmul16_name, policy_from_name
-from keras_amp.op_rules.table import LOW_PRECISION
+from keras_amp.dtypes import LOW_PRECISION
 
 FLOAT32 = "float32"
 

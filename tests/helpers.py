@@ -193,3 +193,25 @@ def count_walks(monkeypatch):
 
     monkeypatch.setattr(model_graph, "_walk", counted)
     return walked
+
+
+class WalkSpy(keras.callbacks.Callback):
+    """Listed after the callback under test: how many reads of the model's tree (`count_walks`) each of its hooks made."""
+
+    def __init__(self, walked):
+        super().__init__()
+        self.walked, self.per_hook = walked, []
+
+    def _take(self, hook):
+        self.per_hook.append((hook, len(self.walked)))
+        self.walked.clear()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._take(f"epoch_begin {epoch}")
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._take(f"batch_end {batch}")
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._take(f"epoch_end {epoch}")
+

@@ -655,6 +655,7 @@ BAD = [
     ("find_overflow", "loss_scale", "1", TypeError),
     ("find_overflow", "training", "yes", TypeError),
     ("find_overflow", "jit_compile", "yes", TypeError),
+    ("find_overflow", "tree", "tree", TypeError),
     ("gradient_statistics", "model", "model", TypeError),
     ("gradient_statistics", "x", None, TypeError),
     ("gradient_statistics", "loss", 3, TypeError),

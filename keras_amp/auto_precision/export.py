@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 import keras
 from keras_amp import model_graph, validation
-from keras_amp.op_rules.table import LOW_PRECISION as DTYPES
+from keras_amp.dtypes import LOW_PRECISION as DTYPES
 from keras_amp.auto_precision import model_policies
 
 

@@ -27,7 +27,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from keras_amp import validation
+from keras_amp import model_graph, validation
 from keras_amp.auto_precision import model_policies
 from keras_amp.diagnostics.overflow import find_overflow
 
@@ -122,6 +122,8 @@ class Float32Fallback(keras.callbacks.Callback):
         self._loss_blocked = bool(state["loss_blocked"])
 
     def _reapply(self) -> None:
+        if not self.decisions:
+            return  # nothing decided: no walk of the model
         changed = model_policies.reapply_float32(self.model, [d.layer for d in self.decisions])
         if changed:
             logging.warning("Float32Fallback: restored %s -> float32 (decided before the restart)", ", ".join(changed))
@@ -167,23 +169,26 @@ class Float32Fallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if self.underflow_threshold is None or self.gave_up is not None:
             return
+        tree = model_graph.layer_tree(self.model)  # the one walk: the probe and the moves read it
         for x, y, *_ in (b + (None,) if len(b) == 1 else b for b in self._probe):
-            report = find_overflow(self.model, x, y)
+            report = find_overflow(self.model, x, y, tree=tree)
             for stats in report.underflowing(self.underflow_threshold):
                 fraction = stats.gradients.underflow_fraction
                 self._move(stats.path, f"{fraction:.0%} of its gradient elements underflow to zero or subnormals",
-                           f"find_overflow: {stats.path} underflow fraction {fraction:.3f} at scale {report.loss_scale:g}")
+                           f"find_overflow: {stats.path} underflow fraction {fraction:.3f} at scale {report.loss_scale:g}",
+                           tree)
             break
 
     def _locate_and_move(self) -> None:
+        tree = model_graph.layer_tree(self.model)  # the one walk: each probe and the move read it
         for batch in self._probe:
             x, y = batch[0], (batch[1] if len(batch) > 1 else None)
-            report = find_overflow(self.model, x, y)
+            report = find_overflow(self.model, x, y, tree=tree)
             producer = report.forward or report.backward
             if producer is not None:
                 self._move(producer.layer, f"it produced the first non-finite value ({producer.phase} pass)",
                            f"find_overflow: {producer.phase} producer {producer.op_type} op {producer.op!r} "
-                           f"in layer {producer.layer!r} at loss scale {report.loss_scale:g}")
+                           f"in layer {producer.layer!r} at loss scale {report.loss_scale:g}", tree)
                 return
         self._give_up(
             "overflows repeat but find_overflow reproduces none on the probe batches: the probe may not "
@@ -191,10 +196,10 @@ class Float32Fallback(keras.callbacks.Callback):
             "diagnosis (lower the initial scale 2x, check the input pipeline)"
         )
 
-    def _move(self, path: str, reason: str, evidence: str) -> None:
-        layers = model_policies.layers_by_path(self.model)
+    def _move(self, path: str, reason: str, evidence: str, tree: model_graph.LayerTree) -> None:
+        layers = model_policies.layers_by_path(self.model, tree=tree)
         layer = layers.get(path)
-        wanted = {} if layer is None else model_policies.float32_policies(self.model, [path])
+        wanted = {} if layer is None else model_policies.float32_policies(self.model, [path], tree=tree)
         if all(layers[p].dtype_policy.name == FLOAT32 for p in wanted):
             self._give_up(f"the locator names {path!r}, which is already float32 or not a layer this model can "
                           f"move; evidence: {evidence}")
@@ -203,7 +208,7 @@ class Float32Fallback(keras.callbacks.Callback):
             self._give_up(f"{len(self.decisions)} layer(s) already moved to float32 (max_layers={self.max_layers}); "
                           f"next candidate {path!r}: {evidence}")
             return
-        model_policies.set_policies(self.model, wanted)
+        model_policies.set_policies(self.model, wanted, tree=tree)
         self.model.make_train_function(force=True)
         self._loss_blocked = True
         decision = FallbackDecision(path, self._step, reason, evidence)

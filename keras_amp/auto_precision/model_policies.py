@@ -176,13 +176,13 @@ def decision_store(model: keras.Model) -> DecisionStore:
     return store
 
 
-def reapply_float32(model: keras.Model, paths) -> tuple[str, ...]:
+def reapply_float32(model: keras.Model, paths, *, tree: model_graph.LayerTree | None = None) -> tuple[str, ...]:
     """Sets `paths` (and their Matmul16 recurrences) back to float32 where a rebuilt model lost it.
 
     Rebuilds the train function when anything changed (callers run inside `fit`); returns the
     paths whose policy changed.
     """
-    tree = model_graph.layer_tree(model)
+    tree = model_graph.layer_tree(model, tree)
     layers = layers_by_path(model, tree=tree)
     wanted = float32_policies(model, [p for p in paths if p in layers], tree=tree)
     changed = tuple(p for p in wanted if layers[p].dtype_policy.name != FLOAT32)

@@ -22,7 +22,7 @@ from typing import Iterable, Mapping
 import keras
 from absl import logging
 
-from keras_amp import validation
+from keras_amp import model_graph, validation
 from keras_amp.auto_precision import model_policies
 from keras_amp.auto_precision.search import SearchResult
 
@@ -141,9 +141,10 @@ class ProgressivePrecision(keras.callbacks.Callback):
         """Sets the policies of changes applied before a restart again (a rebuilt model lost them)."""
         if not self._applied:
             return
-        layers = model_policies.layers_by_path(self.model)
+        tree = model_graph.layer_tree(self.model)  # the one walk of this call
+        layers = model_policies.layers_by_path(self.model, tree=tree)
         paths = [p for at in sorted(self._applied) for p in self._hits(at, layers)]
-        changed = model_policies.reapply_float32(self.model, paths)
+        changed = model_policies.reapply_float32(self.model, paths, tree=tree)
         if changed:
             logging.info("ProgressivePrecision: restored %s -> float32 (applied before the restart)", ", ".join(changed))
 
@@ -151,9 +152,10 @@ class ProgressivePrecision(keras.callbacks.Callback):
         due = [at for at in sorted(self.schedule) if at <= now and at not in self._applied]
         if not due:
             return
-        layers = model_policies.layers_by_path(self.model)
+        tree = model_graph.layer_tree(self.model)  # the one walk of this call
+        layers = model_policies.layers_by_path(self.model, tree=tree)
         # With the Matmul16DTypePolicy recurrence a named layer sits in or contains (its matmuls).
-        wanted = {at: model_policies.float32_policies(self.model, self._hits(at, layers)) for at in due}
+        wanted = {at: model_policies.float32_policies(self.model, self._hits(at, layers), tree=tree) for at in due}
         todo: dict[str, str] = {}
         for at in due:
             changed = tuple(p for p in wanted[at] if layers[p].dtype_policy.name != FLOAT32 and p not in todo)
@@ -163,7 +165,7 @@ class ProgressivePrecision(keras.callbacks.Callback):
                 self.changes.append(PrecisionChange(self.unit, at, changed))
                 logging.info("ProgressivePrecision: %s %d (now %d): %s -> float32", self.unit, at, now, ", ".join(changed))
         if todo:
-            model_policies.set_policies(self.model, todo)
+            model_policies.set_policies(self.model, todo, tree=tree)
             self.model.make_train_function(force=True)  # one retrace for every change due now
 
     def on_train_begin(self, logs=None):

@@ -36,7 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_amp import model_graph, validation
-from keras_amp.op_rules.table import LOW_PRECISION as LOW
+from keras_amp.dtypes import LOW_PRECISION as LOW
 from keras_amp.auto_precision import model_policies, layer_cost
 from keras_amp.auto_precision.progress import Progress
 

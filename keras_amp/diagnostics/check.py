@@ -32,7 +32,7 @@ from keras_amp.diagnostics import audit
 from keras_amp.diagnostics.evidence import audit_findings, probe_batch
 from keras_amp.diagnostics.finding import KINDS, Finding
 from keras_amp.diagnostics.outputs import output_findings
-from keras_amp.op_rules import LOW_PRECISION
+from keras_amp.dtypes import LOW_PRECISION
 
 # Stock BatchNormalization / RMSNormalization compute their statistics in float32 but autocast
 # their inputs to the compute dtype first, so float32 inputs > 65504 become inf under

@@ -23,7 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_amp import validation
+from keras_amp import model_graph, validation
 from keras_amp.diagnostics import attribution, gradient_probe
 from keras_amp.diagnostics import traced_step as diag_step
 
@@ -253,7 +253,8 @@ def _headroom(max_abs: float, dtype: str) -> float | None:
 
 def find_overflow(model: keras.Model, x: Any, y: Any = None, loss: Any = None, *,
                   loss_scale: float | None = None, training: bool = True,
-                  jit_compile: bool | None = None) -> OverflowReport:
+                  jit_compile: bool | None = None,
+                  tree: model_graph.LayerTree | None = None) -> OverflowReport:
     """Runs one batch forward and backward and names the layer that first produces inf/NaN.
 
     Reports where the batch itself holds NaN/inf (`data`: repair the data first); for the
@@ -276,6 +277,8 @@ def find_overflow(model: keras.Model, x: Any, y: Any = None, loss: Any = None, *
             before the first step the one that step will use (1.0 without one).
         training: Bool, default True: the forward pass runs as in a training step.
         jit_compile: Bool or None. Run the step under XLA; None follows `model.jit_compile`.
+        tree: `keras_amp.model_graph.LayerTree` or None (default: the model is walked once). The
+            model's `model_graph.layer_tree(model)`, for a caller that has read it already.
 
     Returns:
         An `OverflowReport`.
@@ -295,6 +298,8 @@ def find_overflow(model: keras.Model, x: Any, y: Any = None, loss: Any = None, *
         raise ValueError("`x` must hold at least one sample (an empty batch has no loss to overflow). "
                          f"Received: x with batch size 0 (shapes {[tuple(t.shape) for t in keras.tree.flatten(x)]})")
     training = validation.check_bool("training", training)
+    if tree is not None:
+        model_graph.layer_tree(model, tree)  # checked here: the step is traced later
     if jit_compile is None:
         jit_compile = getattr(model, "jit_compile", False) is True
     jit_compile = validation.check_bool("jit_compile", jit_compile)
@@ -308,7 +313,7 @@ def find_overflow(model: keras.Model, x: Any, y: Any = None, loss: Any = None, *
         return reducer(trace, grads_by_layer, reference_by_layer, loss_value, holder["step"].layers)
 
     step = diag_step.DiagnosticStep(model, x, y, loss, reduce, training=training,
-                                    jit_compile=jit_compile, attribute=True)
+                                    jit_compile=jit_compile, attribute=True, tree=tree)
     holder["step"] = step
     out = step.run(scale)
     trace = step.trace

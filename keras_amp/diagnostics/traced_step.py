@@ -72,20 +72,29 @@ def resolve_loss(model: keras.Model, y: Any, loss: Any) -> Callable:
                      "Keras loss name or callable, or y=None (the mean of the outputs stands in)")
 
 
-def own_trainable_variables(layer: Any) -> list:
-    """The trainable variables of `layer` that none of its sublayers owns."""
-    inner = {id(v) for child in model_graph.children(layer) for v in child.trainable_weights}
+def own_trainable_variables(layer: Any, *, tree: model_graph.LayerTree | None = None) -> list:
+    """The trainable variables of `layer` that none of its sublayers owns.
+
+    `tree`: a `model_graph.LayerTree` holding `layer`, when the caller has read one (None: read
+    `layer`'s sublayers from it).
+    """
+    children = model_graph.children(layer) if tree is None else tree.children(layer)
+    inner = {id(v) for child in children for v in child.trainable_weights}
     return [v for v in layer.trainable_weights if id(v) not in inner]
 
 
-def weighted_layers(model: keras.Model) -> list[tuple[str, Any, list]]:
-    """`(path, layer, own trainable variables)` for every layer under `model` owning some, in model order."""
+def weighted_layers(model: keras.Model, *, tree: model_graph.LayerTree | None = None) -> list[tuple[str, Any, list]]:
+    """`(path, layer, own trainable variables)` for every layer under `model` owning some, in model order.
+
+    `tree`: the model's `model_graph.layer_tree`, when the caller has read it (None: walked here).
+    """
+    tree = model_graph.layer_tree(model, tree)
     found = []
-    own = own_trainable_variables(model)
+    own = own_trainable_variables(model, tree=tree)
     if own:
         found.append((model.name, model, own))
-    for path, layer in model_graph.walk(model):
-        own = own_trainable_variables(layer)
+    for path, layer in model_graph.walk(model, tree=tree):
+        own = own_trainable_variables(layer, tree=tree)
         if own:
             found.append((path, layer, own))
     return found
@@ -108,10 +117,15 @@ class DiagnosticStep:
         training: Bool. The `training` argument of the forward pass.
         jit_compile: Bool. Compile the step with XLA.
         attribute: Bool. Record op owners (find_overflow) or not (cheaper statistics).
+        tree: The model's `model_graph.layer_tree`, when the caller has read it; None (default):
+            the model is walked once, when the step is first traced. An unbuilt model is built
+            first and then walked again: building makes the sublayers a layer creates in `build()`.
     """
 
-    def __init__(self, model, x, y, loss, reduce, *, training=True, jit_compile=False, attribute=True):
+    def __init__(self, model, x, y, loss, reduce, *, training=True, jit_compile=False, attribute=True,
+                 tree=None):
         self.model = model
+        self._tree = tree
         self.x, self.y = x, y
         self._loss_fn = resolve_loss(model, y, loss)
         self._reduce = reduce
@@ -159,13 +173,16 @@ class DiagnosticStep:
 
     def _build(self):
         model = self.model
+        tree = self._tree
         if not model.built:
             model(self.x, training=False)  # variables must exist before tracing
-        self.layers = weighted_layers(model)
+            tree = None  # read before the build: without the sublayers build() made
+        tree = model_graph.layer_tree(model, tree)
+        self.layers = weighted_layers(model, tree=tree)
         x = keras.tree.map_structure(tf.convert_to_tensor, self.x)
         y = None if self.y is None else keras.tree.map_structure(tf.convert_to_tensor, self.y)
         scale = tf.constant(1.0, tf.float32)
-        ctx = attributing(model, self.trace) if self.attribute else contextlib.nullcontext()
+        ctx = attributing(model, self.trace, tree=tree) if self.attribute else contextlib.nullcontext()
         with ctx:
             self._concrete = self._fn.get_concrete_function(x, y, scale)
         self._args = (x, y)

@@ -10,6 +10,7 @@ import tensorflow as tf
 import keras_amp
 from auto_precision_models import Amplify, regression_data, sensitive_model
 from keras_amp.auto_precision import Float32Fallback, model_policies
+from tests.helpers import WalkSpy, count_walks
 
 X, Y = regression_data(n=64)
 DS = tf.data.Dataset.from_tensor_slices((X, Y)).batch(16)
@@ -102,3 +103,24 @@ def test_underflow_moves_the_underflowing_layer():
     assert model.get_layer("shrink").dtype_policy.name == "mixed_float16"  # not flagged, not moved
     after = find_overflow(model, X[:16], Y[:16])
     assert all(after.layer(p).gradients.underflow_fraction < 0.5 for p in flagged)
+
+
+@pytest.mark.parametrize("signal", ["overflow", "underflow"])
+def test_each_callback_hook_walks_the_model_at_most_once(signal, monkeypatch):
+    if signal == "overflow":
+        model, fallback = _overflowing_model(), Float32Fallback((X[:16], Y[:16]), patience=2)
+    else:
+        keras.config.set_dtype_policy("mixed_float16")
+        inp = keras.Input((8,))
+        h = Shrink(name="shrink")(keras.layers.Dense(16, name="d1")(inp))
+        model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+        model.compile(keras_amp.LossScaleOptimizer(keras.optimizers.SGD(1e-2), initial_scale=1.0, dynamic=False), "mse")
+        fallback = Float32Fallback((X[:16], Y[:16]), underflow_threshold=0.5, max_layers=3)
+    walked = count_walks(monkeypatch)
+    spy = WalkSpy(walked)
+    model.fit(DS, epochs=2, verbose=0, callbacks=[fallback, spy])
+    assert fallback.decisions, "guard: the fallback moved a layer (the moving hook walks)"
+    assert max(n for _, n in spy.per_hook) == 1, spy.per_hook
+    walking = [hook for hook, n in spy.per_hook if n]
+    # The move (a probe and the policy change) reads one tree; each later epoch re-applies with one.
+    assert walking == (["batch_end 1", "epoch_begin 1"] if signal == "overflow" else ["epoch_end 0", "epoch_begin 1", "epoch_end 1"])

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from auto_precision_models import regression_data, sensitive_model
 from keras_amp.auto_precision import ProgressivePrecision, search_precision
+from tests.helpers import WalkSpy, count_walks
 
 X, Y = regression_data(n=64)
 
@@ -126,3 +127,14 @@ def test_moving_an_rnn_cell_to_float32_moves_its_matmul16_recurrence_too():
     assert schedule.changes[0].layers == ("rnn",)  # the layer whose policy changed
     np.testing.assert_allclose(recurrent(), float32_out, rtol=1e-6, atol=1e-6)  # float32 matmuls now
     assert np.abs(np.asarray(model(x), np.float64) - before).max() > 0
+
+
+def test_each_callback_hook_walks_the_model_at_most_once(monkeypatch):
+    model = _model()
+    schedule = ProgressivePrecision({1: ["sensitive"]}, unit="epoch")
+    walked = count_walks(monkeypatch)
+    spy = WalkSpy(walked)
+    model.fit(tf.data.Dataset.from_tensor_slices((X, Y)).batch(16), epochs=3, callbacks=[schedule, spy], verbose=0)
+    assert [(c.at, c.layers) for c in schedule.changes] == [(1, ("sensitive",))]  # guard: a change was made
+    # Epoch 1 applies the change with one read of the tree; epoch 2 re-applies (a no-op) with one.
+    assert [(hook, n) for hook, n in spy.per_hook if n] == [("epoch_begin 1", 1), ("epoch_begin 2", 1)], spy.per_hook

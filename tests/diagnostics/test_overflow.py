@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 import keras_amp
+from keras_amp import model_graph
 from keras_amp.diagnostics.overflow import find_overflow, non_finite_data
+from tests.helpers import count_walks
 
 SCALE = 2.0**15
 
@@ -303,3 +305,23 @@ def test_default_scale_is_the_one_training_runs_at(tier):
     expected = {"auto": 2.0**10, None: 2.0**15, "large": 2.0**16}[tier]  # 80 parameters: "small"
     assert before.loss_scale == after.loss_scale == opt.scale == expected
     assert str(before).startswith(f"find_overflow('{model.name}'): loss=") and f"at loss scale {expected:g}" in str(before)
+
+
+
+@pytest.mark.parametrize("kind", ["functional", "subclassed"])
+def test_one_walk_of_the_model_and_a_tree_passed_in_is_read_instead(kind, monkeypatch):
+    keras.config.set_dtype_policy("mixed_float16")
+    model, path = _build(kind, FORWARD)
+    x, y = _batch()
+    walked = count_walks(monkeypatch)
+    first = find_overflow(model, x, y, loss="mse", loss_scale=1.0)
+    assert walked == [model]  # the step's weighted layers and the attribution read one tree
+    tree = model_graph.layer_tree(model)
+    walked.clear()
+    again = find_overflow(model, x, y, loss="mse", loss_scale=1.0, tree=tree)
+    assert walked == [] and again.forward.layer == first.forward.layer == path
+    other, _ = _build(kind, FORWARD)
+    with pytest.raises(ValueError, match="`tree` must be the LayerTree of `model`"):
+        find_overflow(other, x, y, loss="mse", tree=tree)
+    with pytest.raises(TypeError, match="`tree`"):
+        find_overflow(model, x, y, loss="mse", tree={})
