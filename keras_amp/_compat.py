@@ -105,6 +105,9 @@ PINS: tuple[Pin, ...] = (
     Pin("keras.src.backend.tensorflow.numpy.std", "06356e76fd7e60f7", (OP_RULES,)),
     Pin("keras.src.backend.tensorflow.numpy.arange", "9c656b29403a9806", (OP_RULES,)),
     Pin("keras.src.backend.tensorflow.nn.gelu", "edb8d0940a01c8d5", (OP_LEAN,)),
+    Pin("keras.src.backend.tensorflow.nn.silu", "5c8ba702568877a6", (OP_LEAN,)),
+    # The silu rule repeats this function's arithmetic op for op.
+    Pin("tensorflow.python.ops.nn_impl.swish", "cee3bd2cc8d60dde", (OP_LEAN,)),
     Pin("keras.src.backend.tensorflow.random.dropout", "47a159de0b6729e2", (OP_DROPOUT,)),
     Pin("keras.src.backend.tensorflow.random._cast_seed", "7a39858b011b145d", (OP_DROPOUT,)),
     Pin("keras.src.backend.tensorflow.random._get_concrete_noise_shape", "9a5a926ba4daa72a", (OP_DROPOUT,)),

@@ -5,63 +5,20 @@ a language model. Computing it in float32 (`OutputHead`) costs about as much as 
 small Transformer's step on a bfloat16 CPU; computing it in the compute dtype rounds every logit
 to 8 (bfloat16) or 11 (float16) bits before the float32 loss, and float16 logits can overflow.
 
-`float32_logits` multiplies the 16-bit inputs and the 16-bit kernel with float32 accumulation and
-a float32 result: the products of two 16-bit numbers are exact in float32, so the logits equal
-those of a float32 matmul of the same 16-bit operands, and nothing is rounded to 16 bits after
-the sum. TensorFlow 2.21 has no CPU kernel for a 16-bit x 16-bit -> float32 matmul
-(`BatchMatMulV3` with `Tout=float32` has GPU kernels only), but XLA compiles one on both devices
-(`tf.linalg.matmul(..., output_type=tf.float32)` under `jit_compile=True`; on this AMX CPU it
-runs at bfloat16 speed). The forward matmul runs that way; the two gradient matmuls run in the
-compute dtype, as in a stock Dense.
+The matmul is `keras_amp.numerics.logits_matmul.float32_logits`: 16-bit operands, float32
+accumulation and result.
 """
 
 import keras
-import tensorflow as tf
 from keras import ops
 
-from keras_amp.custom_gradient import custom_gradient
 from keras_amp.dtypes import LOW_PRECISION
 from keras_amp.layers import arguments
 from keras_amp.numerics.islands import float32_value
+from keras_amp.numerics.logits_matmul import float32_logits
 
 # Keras version the `call` override below was written against.
 KERAS_VERSION = "3.15.1"
-
-
-@tf.function(jit_compile=True, reduce_retracing=True)
-def _matmul_float32_out(a, b):
-    """a @ b for 16-bit a, b: float32 accumulation and result (XLA, CPU and GPU)."""
-    return tf.linalg.matmul(a, b, output_type=tf.float32)
-
-
-def float32_logits(x, kernel):
-    """`x @ kernel` (x of any rank >= 2) for 16-bit `x` and `kernel`, with a float32 result.
-
-    Gradients: d(x) = g @ kernel^T and d(kernel) = x^T @ g run in the compute dtype, as in the
-    stock layer (an XLA float32-output d(kernel) measured 1.28x the CPU time of the whole
-    head's step on this CPU: the transposed operand is slow there).
-    """
-    low = kernel.dtype
-
-    @custom_gradient
-    def matmul(x, kernel):
-        shape = tf.shape(x)
-        units = tf.shape(kernel)[-1]
-        x2d = tf.reshape(x, [-1, shape[-1]])
-        # stop_gradient: the gradient is `grad` below; without it a tape would also build TF's
-        # own gradient of the compiled function (BatchMatMulV3's, which fails for float16).
-        out = _matmul_float32_out(tf.stop_gradient(x2d), tf.stop_gradient(kernel))
-        out = tf.reshape(out, tf.concat([shape[:-1], [units]], 0))
-
-        def grad(upstream):
-            g = tf.reshape(tf.cast(upstream, low), [-1, units])
-            d_x = tf.reshape(tf.matmul(g, kernel, transpose_b=True), shape)
-            d_kernel = tf.matmul(x2d, g, transpose_a=True)
-            return d_x, d_kernel
-
-        return out, grad
-
-    return matmul(ops.cast(x, low), kernel)
 
 
 @keras.saving.register_keras_serializable(package="keras_amp")

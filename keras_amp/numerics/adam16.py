@@ -2,12 +2,11 @@
 
 `LeanAdam` keeps a weight as 16 bits plus a compensation and its moments in bfloat16. As
 separate TensorFlow ops, one update reads and writes each of those arrays several times and
-keeps float32 temporaries of the weight's size alive (at the optimizer step, more bytes than the
-float32 state it replaces). Compiled with XLA (`jit=True`), the update (reconstruct the float32
-master, decay, both moments, the step, split or round again) can fuse into fewer passes; on the
-CPUs measured XLA's element-wise loops were slower than TensorFlow's ops (BUILD_NOTES), so
-`LeanAdam` runs the ops by default. Conversions to and from bfloat16 use integer bit operations
-(`numerics.bits`), which XLA's CPU backend handles better than its bfloat16 converts.
+keeps float32 temporaries of the weight's size alive. Compiled with XLA (`jit=True`, LeanAdam's
+default), the update (reconstruct the float32 master, decay, both moments, the step, split or
+round again) is one element-wise loop: one read of the state and one write. Conversions to and
+from bfloat16 use integer bit operations (`numerics.bits`), and stochastic rounding a hash
+(`bits.dither`), not Philox: XLA's CPU backend is slow at both bfloat16 converts and Philox.
 
 The float32 arithmetic follows Keras's `Adam.update_step` operation by operation.
 """

@@ -35,6 +35,14 @@ def float32_value(variable):
         return ops.cast(variable.value, "float32")
 
 
+def autocast_scope_dtype():
+    """The dtype Keras's current `AutocastScope` casts variables to, or None (no scope, or off)."""
+    if _GET_GLOBAL is None:
+        return None
+    scope = _GET_GLOBAL("autocast_scope")
+    return None if scope is None else scope.dtype
+
+
 def calling_layers():
     """The layers whose `call` is running, innermost first: `Layer.__call__` (Keras 3.15) runs
     `call` inside `backend.name_scope(self.name, caller=self)`, which Keras keeps on its

@@ -45,6 +45,7 @@ from keras_amp.op_rules.upcast_recompute import (
 from keras_amp.op_rules.dropout import DROPOUT, packed_dropout
 from keras_amp.op_rules.dropout import RELIED_ON as DROPOUT_RELIED_ON
 from keras_amp.op_rules.matmul import matmul16
+from keras_amp.op_rules.silu import graph_freeing_silu
 from keras_amp.op_rules.table import (
     DPA,
     LAYER_CALL,
@@ -76,6 +77,8 @@ _FACTORIES: dict[str, Callable | None] = {
     "keras.src.backend.tensorflow.numpy.std": float32_input_dtype,
     "keras.src.backend.tensorflow.numpy.arange": float16_arange,
     f"{TF_NN}.gelu": upcast_recompute_gelu,
+    f"{TF_NN}.silu": graph_freeing_silu,
+    "tensorflow.python.ops.nn_impl.swish": None,
     DROPOUT: packed_dropout,
     **{name: None for name in DROPOUT_RELIED_ON},
     f"{TF_NN}.categorical_crossentropy": float32_loss_rule("Softmax"),

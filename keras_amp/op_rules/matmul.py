@@ -13,6 +13,18 @@ while tracing, not at every step.
 
 Not reached: matmuls written as `einsum` (EinsumDense), convolutions (ConvLSTM cells), fused
 kernels (cuDNN: a float32 RNN layer on a GPU runs its cuDNN kernel in float32).
+
+A second case, `unautocast_weight`: a mixed layer (16-bit compute, float32 variables) that turned
+Keras's autocasting off multiplies a 16-bit activation by its own weight, read as stored. Keras's
+`Embedding` sets `autocast=False` (it casts the rows it gathers), so `ReversibleEmbedding`'s
+reverse projection, the vocabulary head of keras-hub's language models, reads its untied
+`reverse_embeddings` (or, tied, the transposed `embeddings`) in float32 and upcasts the 16-bit
+hidden state: a float32 matmul of the largest weight, where Keras documents the projection in the
+compute dtype (`reverse_dtype=None`). The rule computes it as `float32_logits`: the weight cast to
+the activation's 16-bit dtype, float32 accumulation and the float32 result Keras returns. Its
+weight is then read only through a 16-bit cast, so a frozen one is stored in 16 bits
+(`keras_amp.memory`) with the same results. A float32 activation (`reverse_dtype="float32"`, an
+explicit choice) is left alone, and so is every matmul with autocasting on.
 """
 
 from __future__ import annotations
@@ -22,8 +34,13 @@ from typing import Any, Callable
 import keras
 import tensorflow as tf
 
+from keras_amp.dtypes import LOW_PRECISION
 from keras_amp.matmul16_policy import Matmul16DTypePolicy
-from keras_amp.numerics.islands import calling_layers, cast_weight
+from keras_amp.numerics.islands import autocast_scope_dtype, calling_layers, cast_weight
+from keras_amp.numerics.logits_matmul import float32_logits
+
+# Ops between a variable's read and a matmul operand that only move values (a tied head transposes).
+_MOVES = ("Identity", "Transpose")
 
 
 def innermost_caller() -> Any:
@@ -48,10 +65,40 @@ def _dense(x: Any) -> bool:
     return not isinstance(x, (tf.SparseTensor, tf.RaggedTensor))
 
 
+def _is_weight_read(x: Any) -> bool:
+    """A Keras variable, or (graph mode) a tensor read from a variable through transposes."""
+    if isinstance(x, keras.Variable):
+        return keras.backend.is_float_dtype(x.dtype) and x._autocast
+    op = getattr(x, "op", None) if not tf.executing_eagerly() else None
+    while op is not None and op.type in _MOVES and op.inputs:
+        op = op.inputs[0].op
+    return op is not None and op.type == "ReadVariableOp" and op.outputs[0].dtype.is_floating
+
+
+def unautocast_weight(x1: Any, x2: Any) -> str | None:
+    """The 16-bit dtype in which `x1 @ x2` is a mixed layer's activation times its own weight read
+    without autocasting (module doc), or None."""
+    caller = innermost_caller()
+    policy = getattr(caller, "dtype_policy", None)
+    low = getattr(policy, "compute_dtype", None)
+    if low not in LOW_PRECISION or getattr(policy, "variable_dtype", None) != "float32":
+        return None
+    if autocast_scope_dtype() is not None or not (_dense(x1) and _dense(x2)):
+        return None  # autocasting is on: Keras already casts the weight
+    if keras.backend.standardize_dtype(getattr(x1, "dtype", None) or "int32") != low:
+        return None
+    if len(getattr(x1, "shape", ())) < 2 or len(getattr(x2, "shape", ())) != 2:
+        return None
+    return low if _is_weight_read(x2) else None
+
+
 def matmul16(original: Callable) -> Callable:
     def matmul(x1, x2):
         policy = matmul16_policy()
         if policy is None:
+            low = unautocast_weight(x1, x2)
+            if low is not None:
+                return float32_logits(x1, tf.cast(x2, low))
             return original(x1, x2)
         if not (_dense(x1) and _dense(x2)):
             return original(x1, x2)

@@ -66,6 +66,7 @@ LEAN = (
 )
 MATMUL = "keras.src.backend.tensorflow.numpy.matmul"
 MATMUL16_OP = "matmul in a layer with a Matmul16DTypePolicy (the \"rnn\" recipe's recurrences)"
+UNAUTOCAST_WEIGHT_OP = "matmul of a 16-bit activation by a weight read without autocasting"
 ATTENTION_OP = "MultiHeadAttention scores (QK^T, scale, mask, softmax)"
 GELU_BACKWARD_OP = "gelu, backward pass"
 SCORES_OP = "attention scores feeding softmax / log_softmax (any matmul, einsum or `@` of two activations)"
@@ -118,6 +119,13 @@ RULES: tuple[Rule, ...] = (
          "accumulation, one rounding; the input and recurrent projections are an RNN's cost, its "
          "gates and state its hazard. Only when the innermost calling layer has the policy; every "
          "other matmul is the original"),
+    Rule(UNAUTOCAST_WEIGHT_OP, "", "compute dtype", "float32", BOTH, "keras_amp", (MATMUL,),
+         "a mixed layer that turned autocasting off (Keras's Embedding) multiplying a 16-bit activation by "
+         "its own float32 weight: ReversibleEmbedding's reverse projection, keras-hub's vocabulary head, "
+         "reads the weight in float32 and upcasts the activation (a float32 matmul of the largest weight; "
+         "Keras documents the compute dtype). Computed as 16-bit operands with float32 accumulation and "
+         "Keras's float32 result, so a frozen head weight is stored in 16 bits with the same results. A "
+         "float32 activation (reverse_dtype=\"float32\") and autocast layers are left alone"),
     Rule("batch_normalization", "normalization", "float32", "input dtype", BOTH, "keras_amp",
          (f"{TF_NN}.batch_normalization",),
          "x*inv - mean*inv cancels catastrophically in 16 bits when |mean| >> std; float32 "
@@ -152,6 +160,11 @@ RULES: tuple[Rule, ...] = (
          "its autodiff keeps three activation-sized tensors; the rule keeps only the 16-bit x and "
          "evaluates the derivative Phi(x) + x phi(x) (or the tanh form's) in float32 from it. The "
          "forward pass is float32 too, rounded once (the row above)"),
+    Rule("silu", "", "compute dtype", "input dtype", BOTH, "keras_amp", (f"{TF_NN}.silu",),
+         "memory: TensorFlow's silu is a tf.custom_gradient, whose graph-mode gradient closure is never "
+         "freed, so every traced graph through it stayed alive with the variables it captured (a LoRA "
+         "model kept its float32 frozen weights beside their 16-bit copies); the rule is the same "
+         "arithmetic on keras_amp's custom_gradient, freed with its graph"),
     Rule("categorical_crossentropy", "loss", "float32", "float32", BOTH, "keras_amp",
          (f"{TF_NN}.categorical_crossentropy", "keras.src.ops.nn.CategoricalCrossentropy.compute_output_spec"),
          "a loss is reduced, scaled and logged in float32; 16-bit results round to 8-11 bits"),

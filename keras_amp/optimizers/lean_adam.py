@@ -22,7 +22,8 @@ stores, per parameter of a 16-bit layer:
 State per parameter: 2 (weight) + 2 (compensation) + 4 (moments) = 8 bytes by default, 6 with
 "stochastic". The update itself is computed in float32 from the reconstructed master, in Keras
 Adam's order of operations: with "split" and `moments="float32"` it is bit for bit the update of
-`keras.optimizers.Adam` on a float32 master. Stochastic rounding is seeded by the step and the
+`keras.optimizers.Adam` on a float32 master (run as TensorFlow ops, `jit_update=False`; the default
+one XLA loop may fuse a multiply-add into an FMA). Stochastic rounding is seeded by the step and the
 variable's index, so every replica rounds the same way.
 
 Weights of layers that compute in float32 (islands) stay float32 with Keras's float32 moments.
@@ -41,7 +42,8 @@ from keras_amp.memory import storage
 from keras_amp.numerics import adam16, bits
 
 COMPENSATIONS = ("split", "kahan", "stochastic", "none")
-# Weights larger than this are updated a slice of rows at a time (`_update_in_chunks`).
+# As TensorFlow ops (`jit_update=False`), weights larger than this are updated a slice of rows at
+# a time (`_update_in_chunks`), so that the chain's float32 temporaries stay small.
 CHUNK_ELEMENTS = 1 << 20
 MOMENTS = ("bfloat16", "float32")
 
@@ -58,16 +60,18 @@ class LeanAdam(keras.optimizers.Adam):
         compensation: String or None. "split", "kahan", "stochastic" or "none" (module doc);
             None (default) picks "split" for bfloat16 weights and "kahan" for float16 ones.
         moments: String, "bfloat16" (default) or "float32".
-        jit_update: Bool, default False. Compile each weight's update into one XLA element-wise
-            kernel (`keras_amp.numerics.adam16`): fewer float32 temporaries, but on the CPUs
-            measured XLA's loops were slower than TensorFlow's ops (BUILD_NOTES). False runs the
-            arithmetic as TensorFlow ops, bit for bit Keras Adam's.
+        jit_update: Bool, default True. Compile each weight's update into one XLA element-wise
+            loop (`keras_amp.numerics.adam16`): one pass over the state, no float32 temporaries
+            of the weight's size, faster than Keras's own Adam on a float32 weight (BUILD_NOTES);
+            its float32 arithmetic may contract a multiply-add into one FMA (within a float32
+            rounding). False runs the arithmetic as TensorFlow ops, bit for bit Keras Adam's, a
+            slice of rows at a time for weights over `CHUNK_ELEMENTS`.
         **kwargs: `keras.optimizers.Adam`'s arguments (`amsgrad`, `use_ema` and gradient
             accumulation are not supported).
     """
 
     def __init__(self, *args, compensation: str | None = None, moments: str = "bfloat16",
-                 jit_update: bool = False, **kwargs):
+                 jit_update: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         self.jit_update = validation.check_bool("jit_update", jit_update)
         if compensation is not None:
@@ -162,9 +166,16 @@ class LeanAdam(keras.optimizers.Adam):
             moment_dtype = self.moments
             self._momentums.append(self.add_variable(v.shape, dtype=moment_dtype, name=f"{base}_momentum"))
             self._velocities.append(self.add_variable(v.shape, dtype=moment_dtype, name=f"{base}_velocity"))
-            self._low.append(None if low is None else self.add_variable(
-                v.shape, dtype="uint16" if kind == "split" else dtype, name=f"{base}_compensation",
-                initializer=lambda shape, dtype, low=low: tf.cast(low, dtype)))
+            if low is None:
+                self._low.append(None)
+                continue
+            compensation = self.add_variable(v.shape, dtype="uint16" if kind == "split" else dtype,
+                                             name=f"{base}_compensation", initializer="zeros")
+            # Assigned eagerly: Keras builds the optimizer inside the first traced step, where an
+            # initializer reading `low` would capture it into that graph for the graph's life.
+            with tf.init_scope():
+                compensation.assign(tf.cast(low, compensation.dtype))
+            self._low.append(compensation)
         deferred = getattr(self, "_deferred_state", None)
         if deferred is not None:
             self._deferred_state = None
@@ -242,23 +253,34 @@ class LeanAdam(keras.optimizers.Adam):
         seed = tf.stack([tf.cast(self.iterations, tf.int32), tf.constant(2 * index, tf.int32)])
         probe = getattr(self, "_keras_amp_update_probe", None)
         low_var = self._low[index]
-        low = tf.convert_to_tensor(low_var) if low_var is not None else tf.zeros((), tf.uint16)
         m_var, v_var = self._momentums[index], self._velocities[index]
         fn = adam16.kernel(kind, self.moments, decay, probe is not None, self.jit_update)
         rows = variable.shape[0] if variable.shape.rank else 1
         size = int(np.prod(variable.shape))
-        if probe is None and rows > 1 and size > CHUNK_ELEMENTS:
+        large = rows > 1 and size > CHUNK_ELEMENTS
+        if not self.jit_update and probe is None and large:
             return self._update_in_chunks(fn, variable, low_var, m_var, v_var, gradient, scalars, index)
-        out = fn(tf.convert_to_tensor(variable), low, tf.convert_to_tensor(m_var), tf.convert_to_tensor(v_var),
-                 tf.convert_to_tensor(gradient), scalars, seed)
-        variable.assign(out[0])
-        if low_var is not None:
-            low_var.assign(out[1])
-        m_var.assign(out[2])
-        v_var.assign(out[3])
+        with tf.control_dependencies(self._after_large_updates() if large else []):  # on the state's reads
+            low = tf.convert_to_tensor(low_var) if low_var is not None else tf.zeros((), tf.uint16)
+            out = fn(tf.convert_to_tensor(variable), low, tf.convert_to_tensor(m_var),
+                     tf.convert_to_tensor(v_var), tf.convert_to_tensor(gradient), scalars, seed)
+        targets = [(variable, out[0]), (low_var, out[1]), (m_var, out[2]), (v_var, out[3])]
+        for target, value in targets:
+            if target is not None:
+                target.assign(value)
+        if large:  # later reads of the assigned variables run after their assignments
+            self._large_updates[1].extend(tf.convert_to_tensor(t) for t, _ in targets if t is not None)
         if probe is not None:
             probe.record(variable, before=out[4], intended=out[5], realized=out[6])
 
+
+    def _after_large_updates(self) -> list:
+        """The previous large weight's update in this trace, which the next one waits for: each
+        holds its new state (8 bytes a parameter) until assigned, and TF would run them all at once."""
+        graph = tf.compat.v1.get_default_graph()
+        if getattr(self, "_large_updates", (None,))[0] is not graph:
+            self._large_updates = (graph, [])
+        return list(self._large_updates[1])
 
     def _update_in_chunks(self, fn, variable, low_var, m_var, v_var, gradient, scalars, index):
         """The same update, CHUNK_ELEMENTS at a time along axis 0, one chunk after another: the float32

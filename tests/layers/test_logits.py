@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_amp.layers.logits import Logits, float32_logits
+from keras_amp.layers.logits import Logits
 from tests.helpers import MIXED, compute_dtype, np64, u
 
 
@@ -108,11 +108,3 @@ def test_functional_output_spec_is_float32_and_keras_round_trip(tmp_path, mixed_
     loaded = keras.saving.load_model(path)
     assert type(loaded.get_layer("lm_head")) is Logits
     np.testing.assert_array_equal(loaded(x).numpy(), model(x).numpy())
-
-
-def test_float32_logits_any_rank():
-    x = tf.cast(tf.reshape(tf.range(24, dtype=tf.float32), (2, 3, 4)) / 7.0, tf.bfloat16)
-    kernel = tf.cast(tf.reshape(tf.range(8, dtype=tf.float32), (4, 2)) / 3.0, tf.bfloat16)
-    y = float32_logits(x, kernel)
-    assert y.shape == (2, 3, 2) and y.dtype == tf.float32
-    np.testing.assert_allclose(np64(y), np64(x) @ np64(kernel), rtol=1e-6)

@@ -21,20 +21,38 @@ def _llama_lm():
     return keras.Model(tokens, backbone.token_embedding(hidden, reverse=True)), backbone
 
 
-def test_weights_read_in_float32_stay_float32_and_the_forward_pass_keeps_its_bits():
+def test_frozen_llama_weights_go_16bit_the_head_too_and_the_forward_pass_keeps_its_bits():
     keras_amp.enable("mixed_bfloat16")
     model, backbone = _llama_lm()
     x = np.random.RandomState(0).randint(0, 64, (2, 8)).astype("int32")
     before = np.asarray(model(x), np.float32)
     done = memory.prepare(model)
     embedding = backbone.token_embedding
-    # The untied reverse embeddings feed a float32 matmul (keras-hub's reverse_dtype): kept.
-    assert memory.storage_dtype(embedding.reverse_embeddings) == "float32"
+    # The untied reverse embeddings: Keras reads them without autocasting (Embedding turns it off);
+    # keras_amp's matmul rule reads them through a bfloat16 cast (op_rules.matmul): stored in bfloat16.
+    assert memory.storage_dtype(embedding.reverse_embeddings) == "bfloat16"
     # The embedding table is gathered, then cast to bfloat16: stored in bfloat16.
     assert memory.storage_dtype(embedding.embeddings) == "bfloat16"
-    assert embedding.embeddings.path in done.frozen_16bit and len(done.frozen_16bit) >= 10
+    assert embedding.embeddings.path in done.frozen_16bit and len(done.frozen_16bit) >= 11
     np.testing.assert_array_equal(np.asarray(model(x), np.float32), before)
     assert not memory.prepare(model).changed  # decided once; not traced again
+
+
+def test_weights_read_in_float32_stay_float32_and_the_forward_pass_keeps_its_bits():
+    keras_amp.enable("mixed_bfloat16")
+    keras.utils.set_random_seed(0)
+    # reverse_dtype="float32": the layer casts its input and weight to float32 itself.
+    embedding = keras.layers.ReversibleEmbedding(64, 16, tie_weights=False, reverse_dtype="float32")
+    tokens = keras.Input((8,), dtype="int32")
+    model = keras.Model(tokens, embedding(keras.layers.Dense(16)(embedding(tokens)), reverse=True))
+    embedding.trainable = False
+    x = np.random.RandomState(0).randint(0, 64, (2, 8)).astype("int32")
+    before = np.asarray(model(x), np.float32)
+    done = memory.prepare(model)
+    assert memory.storage_dtype(embedding.reverse_embeddings) == "float32"
+    assert memory.storage_dtype(embedding.embeddings) == "bfloat16"  # guard: the rest did change
+    assert done.frozen_16bit == (embedding.embeddings.path,)
+    np.testing.assert_array_equal(np.asarray(model(x), np.float32), before)
 
 
 def test_reads_verdict_per_variable_and_none_without_an_input_signature():

@@ -57,6 +57,20 @@ def test_stochastic_rounding_is_unbiased_and_lands_on_neighbours():
     assert np.all(tf.cast(x, tf.bfloat16).numpy().astype(np.float64) == down)
 
 
+def test_dither_is_uniform_reproducible_and_unrelated_across_seeds_and_positions():
+    n = 1 << 16
+    draw = bits.dither((256, 256), tf.constant([5, 8])).numpy().reshape(-1).astype(np.int64)
+    assert draw.min() >= 0 and draw.max() < 1 << 16
+    np.testing.assert_array_equal(draw, bits.dither([256, 256], tf.constant([5, 8])).numpy().reshape(-1))
+    for part in (draw >> 12, draw & 15):  # top and bottom 4 bits: 16 buckets of n/16 expected
+        counts = np.bincount(part, minlength=16)
+        assert np.abs(counts - n / 16).max() < 5 * np.sqrt(n / 16 * 15 / 16), counts
+    # The next step, the next variable, the next element: uncorrelated (|r| < 5 sigma = 5 / sqrt(n)).
+    for other in (bits.dither([n], tf.constant([6, 8])), bits.dither([n], tf.constant([5, 9]))):
+        assert abs(np.corrcoef(draw, other.numpy())[0, 1]) < 5 / np.sqrt(n)
+    assert abs(np.corrcoef(draw[:-1], draw[1:])[0, 1]) < 5 / np.sqrt(n)
+
+
 def test_stochastic_rounding_keeps_non_finite_values():
     x = np.array([np.inf, -np.inf, np.nan], np.float32)
     out = bits.stochastic_round(x, tf.constant([0, 0])).numpy().astype(np.float32)

@@ -203,17 +203,19 @@ def test_adamw_default_decay_and_config_round_trip():
     opt = LeanAdamW(compensation="kahan")
     assert opt.weight_decay == 0.004
     again = LeanAdamW.from_config(opt.get_config())
-    assert (again.compensation, again.moments, again.weight_decay, again.jit_update) == ("kahan", "bfloat16", 0.004, False)
+    assert (again.compensation, again.moments, again.weight_decay, again.jit_update) == ("kahan", "bfloat16", 0.004, True)
+    assert LeanAdamW.from_config({**opt.get_config(), "jit_update": False}).jit_update is False
 
 
 def test_large_weights_update_in_chunks_with_the_same_result(monkeypatch):
+    """As TensorFlow ops, a large weight's update runs a slice of rows at a time, bit for bit."""
     from keras_amp.optimizers import lean_adam as lean  # noqa: PLC0415
 
     keras_amp.enable("mixed_bfloat16")
     results = []
     for chunk in (1 << 20, 64):  # whole, then 64 elements (4 rows of 16) at a time
         monkeypatch.setattr(lean, "CHUNK_ELEMENTS", chunk)
-        model, opt = _model(), LeanAdam(1e-3, moments="float32")
+        model, opt = _model(), LeanAdam(1e-3, moments="float32", jit_update=False)
         memory.prepare(model, opt)
         opt.build(model.trainable_variables)
 
@@ -226,3 +228,26 @@ def test_large_weights_update_in_chunks_with_the_same_result(monkeypatch):
         results.append([m.numpy() for m in opt.master_weights().values()])
     for whole, chunked in zip(*results):
         np.testing.assert_array_equal(whole, chunked)
+
+
+def test_large_weights_update_one_after_another_under_xla(monkeypatch):
+    """Each compiled update holds the weight's whole new state until it is assigned: the update of
+    a large weight waits for the previous large one's assignments, so two never coexist."""
+    from keras_amp.optimizers import lean_adam as lean  # noqa: PLC0415
+
+    keras_amp.enable("mixed_bfloat16")
+    monkeypatch.setattr(lean, "CHUNK_ELEMENTS", 100)  # both kernels (16x32, 32x4=128) count as large
+    model, opt = _model(), LeanAdam(1e-3)
+    memory.prepare(model, opt)
+    opt.build(model.trainable_variables)
+    grads = _grads(model, 0)
+    graph = tf.function(lambda: opt.apply(grads, model.trainable_variables)).get_concrete_function().graph
+    calls = [op for op in graph.get_operations() if op.type in ("PartitionedCall", "StatefulPartitionedCall")
+             and "update" in op.get_attr("f").name]
+    assert len(calls) == 4  # two kernels and two biases, each compiled
+    # What each call's state reads wait for (the reads are the call's inputs).
+    waits = [{c.name for i in op.inputs for c in i.op.control_inputs} for op in calls]
+    assert [bool(w) for w in waits] == [False, False, True, False]  # kernel, bias, kernel_1, bias_1
+    first_kernel_reads = {i.op.name for i in calls[0].inputs[:4]}
+    assert len(waits[2]) == 4 and not waits[2] & first_kernel_reads  # reads made after its assignments
+    assert all(graph.get_operation_by_name(n).type == "ReadVariableOp" for n in waits[2])
