@@ -38,6 +38,9 @@ def make_train_step(model, optimizer):
 
     # float32_loss casts the logits (bfloat16/float16 under a mixed policy) to float32 first.
     loss_fn = keras_amp.losses.float32_loss(keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    # Frozen weights in 16 bits, and the lean tier's 16-bit weights (--optimizer=lean): before the
+    # first step, as fit does it.
+    keras_amp.memory.prepare(model, optimizer)
     variables = model.trainable_variables
     # Build before tracing, so the loss scale (tier="auto" picks it from the parameter count) exists.
     optimizer.build(variables)

@@ -18,6 +18,7 @@ flags.disclaim_key_flags()
 FLAGS = flags.FLAGS
 POLICIES = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
 TIERS = ("auto", "none", "small", "medium", "large")
+OPTIMIZERS = ("adam", "lean", "lean_stochastic", "lean_none")
 MODEL_DIR_BASE = os.path.join(tempfile.gettempdir(), "keras_amp_examples")
 NAMES: tuple[str, ...] = ()  # the flags `define()` declared
 
@@ -38,6 +39,10 @@ def define(*, dataset: str = "pydoc", datasets=data_lib.DATASETS, epochs: int, b
     flags.DEFINE_integer("width", width, "Model width (channels / embedding size).", lower_bound=1)
     flags.DEFINE_integer("depth", depth, "Residual blocks / Transformer blocks / LSTM layers.", lower_bound=1)
     flags.DEFINE_float("learning_rate", learning_rate, "Adam learning rate.", lower_bound=0.0)
+    flags.DEFINE_enum("optimizer", "adam", OPTIMIZERS,
+                      "Under a 16-bit policy: adam (Keras's, float32 master weights) or keras_amp's lean tier, "
+                      "16-bit weights with the exact 16+16 split (lean), stochastic rounding (lean_stochastic) "
+                      "or no compensation (lean_none: pure 16-bit, for comparison). float32 runs use adam.")
     flags.DEFINE_enum("tier", "auto", TIERS, "Loss-scale tier under mixed_float16 (none: Keras defaults).")
     flags.DEFINE_bool("compare_float32", False,
                       "Also train the float32 twin on the same data and seed, and print both.")
@@ -83,7 +88,7 @@ def settings(family: str, recipe: str, name: str, **overrides):
     values = dict(
         family=family, recipe=recipe, dataset=FLAGS.dataset, epochs=FLAGS.epochs, batch_size=FLAGS.batch_size,
         steps_per_epoch=FLAGS.steps_per_epoch, seq_len=FLAGS.seq_len, width=FLAGS.width, depth=FLAGS.depth,
-        learning_rate=FLAGS.learning_rate, tier=None if FLAGS.tier == "none" else FLAGS.tier, seed=FLAGS.seed,
+        learning_rate=FLAGS.learning_rate, optimizer=FLAGS.optimizer, tier=None if FLAGS.tier == "none" else FLAGS.tier, seed=FLAGS.seed,
         model_dir=run_dir(name, FLAGS.model_dir), eval_steps=FLAGS.eval_steps,
         max_examples=FLAGS.max_examples, data_dir=FLAGS.data_dir, verbose=FLAGS.verbose,
         show_plan=FLAGS.show_plan)

@@ -41,6 +41,7 @@ class Settings:
     verbose: int = 1
     show_plan: bool = False
     custom_epoch: Callable | None = None  # a custom training loop (custom_loop.py); None: fit
+    optimizer: str = "adam"  # or the lean tier: "lean", "lean_stochastic", "lean_none" (16-bit policies)
 
 
 def _rss_kib(field: str) -> int | None:
@@ -186,7 +187,7 @@ class Trainer:
             model = keras_amp.apply_recipe(model, settings.recipe)
         self.model = model
         # keras_amp's bounded loss scaler under mixed_float16; the Adam itself otherwise.
-        self.optimizer = keras_amp.wrap(keras.optimizers.Adam(settings.learning_rate), tier=settings.tier)
+        self.optimizer = keras_amp.wrap(self._adam(settings), tier=settings.tier)
         self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         self.log_dir = os.path.join(settings.model_dir, label)
         self.timer = StepTimes()
@@ -206,6 +207,17 @@ class Trainer:
                     log_dir=os.path.join(self.log_dir, "logs", "train") if scalar_logs.available() else None))
             self.callbacks.append(progress_bar())  # last, like Keras's own: it shows what the others logged
         self.report = keras_amp.check_model(model, loss=self.loss_fn)  # float32 CE from 16-bit logits: safe
+
+    def _adam(self, settings):
+        """Keras's Adam, or under a 16-bit policy the lean tier `settings.optimizer` names."""
+        import keras
+
+        import keras_amp
+
+        if settings.optimizer == "adam" or self.config.compute_dtype == "float32":
+            return keras.optimizers.Adam(settings.learning_rate)
+        compensation = {"lean": None, "lean_stochastic": "stochastic", "lean_none": "none"}[settings.optimizer]
+        return keras_amp.optimizers.LeanAdam(settings.learning_rate, compensation=compensation)
 
     def run_epoch(self, epoch: int) -> dict[str, float]:
         """Trains epoch `epoch` (0-based) and returns its logs."""
@@ -240,6 +252,8 @@ class Trainer:
             "reason": self.config.reason,
             "data": self.data.source,
             "params": int(self.model.count_params()),
+            "optimizer": type(getattr(self.optimizer, "inner_optimizer", self.optimizer)).__name__,
+            "state_bytes": keras_amp.memory.state_bytes(self.model, self.optimizer)["total"],
             "train_loss": self.history[-1].get("loss"),
             "train_accuracy": self.history[-1].get("accuracy"),
             **self.evaluate(),
