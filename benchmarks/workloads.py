@@ -28,7 +28,9 @@ recurrences into the compute dtype. Tokens combine:
 `amp_bf16+amplstm+logits`. `+f32scores` enables keras_amp with `xla_scores=False` (attention
 QK^T as a float32 matmul instead of the XLA-compiled 16-bit one); `+norm16` rules the
 LayerNormalization layers into the compute dtype (Keras computes their statistics in float32
-anyway; the deny list's float32 policy also keeps gamma/beta and the output float32). Any configuration: `+jit`
+anyway; the deny list's float32 policy also keeps gamma/beta and the output float32). `+lean` /
+`+leansr` train with `keras_amp.optimizers.LeanAdam` (16-bit weights; split / stochastic
+rounding). Any configuration: `+jit`
 compiles it with XLA (`jit_compile=True`).
 """
 
@@ -186,6 +188,10 @@ def parse_config(name: str) -> tuple[str, str | None, str | None]:
     return kind, POLICY[p], variant or None
 
 
+# "+lean" / "+leansr": keras_amp.optimizers.LeanAdam with its default compensation (split under
+# bfloat16) / stochastic rounding, instead of Adam with float32 master weights.
+LEAN = {"lean": None, "leansr": "stochastic"}
+
 # "+gradstats" / "+monitor": the same model trained with keras_amp's GradientStatistics (idle: it
 # never fires during the timed steps) or LossScaleMonitor attached, for their cost when idle.
 TRAINING_CALLBACKS = ("gradstats", "monitor")
@@ -236,6 +242,9 @@ def build(workload: str, name: str, s: Sizes, jit_compile="auto") -> keras.Model
         for token in tokens:
             if token == "f32scores":
                 continue
+            if token in LEAN:  # keras_amp's lean tier: 16-bit weights, compensated updates
+                optimizer = keras_amp.optimizers.LeanAdam(1e-4, compensation=LEAN[token])
+                continue
             if token == "norm16":  # LayerNormalization layers in the compute dtype (a rule)
                 rules[keras.layers.LayerNormalization] = policy
                 rules[keras.layers.BatchNormalization] = policy
@@ -254,7 +263,8 @@ def build(workload: str, name: str, s: Sizes, jit_compile="auto") -> keras.Model
                 rules[rf"{workload}_\d"] = policy
             else:
                 raise ValueError(
-                    f"Unknown variant {token!r}. Received: name={name!r}. Allowed: head32, head16, logits; "
+                    f"Unknown variant {token!r}. Received: name={name!r}. Allowed: head32, head16, logits, "
+                    "f32scores, norm16, lean, leansr; "
                     "for lstm also amplstm (keras_amp.layers.LSTM), for gru ampgru (keras_amp.layers.GRU), "
                     "for both lstm16 (a rule: the recurrences in the compute dtype)"
                 )

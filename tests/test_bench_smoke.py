@@ -26,6 +26,20 @@ def test_every_configuration_builds(workload):
             assert model.get_layer(workloads.HEAD[workload]) is not None
 
 
+@pytest.mark.slow
+def test_lean_variants_train_with_lean_adam():
+    import keras_amp  # noqa: PLC0415
+
+    s = workloads.sizes("transformer", smoke=True)
+    for name, compensation in (("amp_bf16+lean", None), ("amp_bf16+leansr", "stochastic")):
+        model = workloads.build("transformer", name, s)
+        optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+        assert isinstance(optimizer, keras_amp.optimizers.LeanAdam) and optimizer.compensation == compensation
+        model.fit(workloads.dataset("transformer", s), steps_per_epoch=1, epochs=1, verbose=0)
+        assert keras_amp.memory.storage_dtype(model.get_layer(workloads.HEAD["transformer"]).kernel) == "bfloat16"
+    keras_amp.disable()
+
+
 def test_unknown_configuration_is_refused():
     with pytest.raises(ValueError, match="Received: name='amp_int8'"):
         workloads.parse_config("amp_int8")

@@ -198,12 +198,19 @@ def test_a_weight_passed_into_a_compiled_call_is_not_taken_for_attention():
     assert any(r.op_type == "Softmax" and r.layer_path == "head" for r in report.records)
 
 
+class _TFSilu(keras.layers.Layer):
+    """TensorFlow's own `tf.nn.silu` (keras.ops.silu is keras_amp's silu rule while enabled)."""
+
+    def call(self, x):
+        return tf.nn.silu(x)
+
+
 def test_backward_ops_made_outside_the_gradient_scope_are_backward():
     # TF's silu gradient makes its Sums outside "gradient_tape/": by creation order they are
     # backward, not the 16-bit forward reductions a reading of name scopes took them for.
     keras_amp.enable("mixed_float16")
     inp = keras.Input((4,))
-    model = keras.Model(inp, keras.layers.Dense(4, activation="swish", name="d")(inp))
+    model = keras.Model(inp, _TFSilu(name="silu")(keras.layers.Dense(4, name="d")(inp)))
     report = audit.audit_model(model, np.ones((2, 4), "float32"))
     sums = [r for r in report.records if r.op_type == "Sum" and r.dtype == "float16"]
     assert sums and not any(r.op_name.startswith("gradient_tape/") for r in sums)  # guard
