@@ -76,7 +76,7 @@ def _is_weight_read(x: Any) -> bool:
 
 
 def unautocast_weight(x1: Any, x2: Any) -> str | None:
-    """The 16-bit dtype in which `x1 @ x2` is a mixed layer's activation times its own weight read
+    """The 16-bit dtype in which `x1 @ x2` is a mixed layer's activation times a weight read
     without autocasting (module doc), or None."""
     caller = innermost_caller()
     policy = getattr(caller, "dtype_policy", None)
@@ -85,7 +85,8 @@ def unautocast_weight(x1: Any, x2: Any) -> str | None:
         return None
     if autocast_scope_dtype() is not None or not (_dense(x1) and _dense(x2)):
         return None  # autocasting is on: Keras already casts the weight
-    if keras.backend.standardize_dtype(getattr(x1, "dtype", None) or "int32") != low:
+    dtype = getattr(x1, "dtype", None)  # None for a Python list: left to the original
+    if dtype is None or keras.backend.standardize_dtype(dtype) != low:
         return None
     if len(getattr(x1, "shape", ())) < 2 or len(getattr(x2, "shape", ())) != 2:
         return None

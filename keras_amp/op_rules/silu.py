@@ -4,7 +4,7 @@ Keras's TensorFlow backend computes `silu` (and `swish`) as `tf.nn.silu`, a `tf.
 (the backward pass recomputes the sigmoid instead of keeping it). In graph mode TensorFlow 2.21
 registers each call's gradient closure process-wide and never removes it (`keras_amp.custom_gradient`),
 so every graph traced through a silu stays alive with the variables it captured. Every keras-hub
-decoder's gated feed-forward block (Llama, Mistral, Qwen, Gemma's relative) has one. The cost
+decoder with a SwiGLU feed-forward block (Llama, Mistral, Qwen) has one. The cost
 keras_amp cannot afford: `keras_amp.memory.prepare` traces the forward pass to find which frozen
 weights are read in 16 bits and then replaces their float32 storage, but the trace held the float32
 buffers, so a LoRA model kept both copies (a 4-layer keras-hub Llama: 48 MiB in use instead of 16).
