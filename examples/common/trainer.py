@@ -9,6 +9,7 @@ and the `check_model` verdict.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import resource
 import statistics
@@ -252,6 +253,7 @@ class Trainer:
             "reason": self.config.reason,
             "data": self.data.source,
             "params": int(self.model.count_params()),
+            "trainable_params": int(sum(math.prod(v.shape) for v in self.model.trainable_variables)),
             "optimizer": type(getattr(self.optimizer, "inner_optimizer", self.optimizer)).__name__,
             "state_bytes": keras_amp.memory.state_bytes(self.model, self.optimizer)["total"],
             "train_loss": self.history[-1].get("loss"),

@@ -9,11 +9,18 @@ from bfloat16 use integer bit operations (`numerics.bits`), and stochastic round
 (`bits.dither`), not Philox: XLA's CPU backend is slow at both bfloat16 converts and Philox.
 
 The float32 arithmetic follows Keras's `Adam.update_step` operation by operation.
+
+`kernel` returns the new state, which the caller assigns: until then it exists beside the old, with
+XLA's float32 temporaries (12 bytes a parameter held beside the state, tested). `in_place` is the
+same update as calls that each write part of the state into its variable's own buffer (XLA aliases
+a variable's update with its input when no other loop of the call still reads that input): only
+the new compensation half, 2 bytes a parameter, is held beside the state.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -42,6 +49,31 @@ def _store(kind, new, dtype, seed):
     return (bits.round_to_bfloat16(new) if dtype == tf.bfloat16 else tf.cast(new, dtype)), None
 
 
+def _step(kind, hi, low, m, v, g, scalars, decay):
+    """(master after weight decay, new master, first moment, second moment), float32: Keras Adam's
+    arithmetic."""
+    lr, alpha, one_minus_b1, one_minus_b2, eps, wd = tf.unstack(scalars)
+    w = _master(kind, hi, low)
+    if decay:
+        w = w - w * wd * lr
+    m32, v32 = _moments(m, v, g, scalars)
+    return w, w - (m32 * alpha) / (tf.sqrt(v32) + eps), m32, v32
+
+
+def _moments(m, v, g, scalars):
+    _, _, one_minus_b1, one_minus_b2, _, _ = tf.unstack(scalars)
+    g = tf.cast(g, tf.float32)
+    m32 = _to_float32(m)
+    v32 = _to_float32(v)
+    return m32 + (g - m32) * one_minus_b1, v32 + (tf.square(g) - v32) * one_minus_b2
+
+
+def _stored_moments(moments, m32, v32, seed):
+    if moments == "float32":
+        return m32, v32
+    return bits.round_to_bfloat16(m32), bits.stochastic_round(v32, seed + tf.constant([0, 1], tf.int32))
+
+
 @functools.lru_cache(maxsize=None)
 def kernel(kind: str, moments: str, decay: bool, with_master: bool, jit: bool = False):
     """The compiled update for one configuration (cached: one trace per configuration and shape).
@@ -54,25 +86,77 @@ def kernel(kind: str, moments: str, decay: bool, with_master: bool, jit: bool = 
     """
 
     def update(hi, low, m, v, g, scalars, seed):
-        lr, alpha, one_minus_b1, one_minus_b2, eps, wd = tf.unstack(scalars)
-        w = _master(kind, hi, low)
-        if decay:
-            w = w - w * wd * lr
-        g = tf.cast(g, tf.float32)
-        m32 = _to_float32(m)
-        v32 = _to_float32(v)
-        m32 = m32 + (g - m32) * one_minus_b1
-        v32 = v32 + (tf.square(g) - v32) * one_minus_b2
-        new = w - (m32 * alpha) / (tf.sqrt(v32) + eps)
+        w, new, m32, v32 = _step(kind, hi, low, m, v, g, scalars, decay)
         hi2, low2 = _store(kind, new, hi.dtype, seed)
-        if moments == "float32":
-            m2, v2 = m32, v32
-        else:
-            m2 = bits.round_to_bfloat16(m32)
-            v2 = bits.stochastic_round(v32, seed + tf.constant([0, 1], tf.int32))
+        m2, v2 = _stored_moments(moments, m32, v32, seed)
         out = (hi2, low if low2 is None else low2, m2, v2)
         if with_master:
             out += (w, new, _master(kind, hi2, low2))
         return out
 
     return tf.function(update, jit_compile=jit, autograph=False)
+
+
+class InPlace(NamedTuple):
+    """`in_place`'s calls; each takes resource handles (`tf.Variable.handle`) and returns a scalar
+    to order the next call on. For "split" and "kahan", in this order:
+
+    - first(hi, low, m, v, g, scalars) -> the new half that is not written in place ("split": the
+      low half, "kahan": the 16-bit weight);
+    - second(hi, low, first, m, v, g, scalars): the other half, written in place. It recomputes the
+      new master and takes it to the representation `first` fixes ("split": the top half that
+      joins `first` exactly, `bits.top_half_for`), so the pair is exact even if the two compiled
+      loops round a fused multiply-add differently;
+    - put(target, first): `first` into its variable's own buffer;
+    - moments(m, v, g, scalars, seed): both moments in place.
+
+    For "stochastic" and "none": single(hi, m, v, g, scalars, seed) (the weight in place), then
+    moments.
+    """
+
+    first: object
+    second: object
+    put: object
+    single: object
+    moments: object
+
+
+@functools.lru_cache(maxsize=None)
+def in_place(kind: str, moments: str, decay: bool, dtype: str) -> InPlace:
+    """`kernel`'s update as XLA calls that write the state into the variables' own buffers (cached)."""
+    weight_dtype = tf.as_dtype(dtype)
+    low_dtype = tf.uint16 if kind == "split" else weight_dtype
+    moment_dtype = tf.as_dtype(moments)
+    read = tf.raw_ops.ReadVariableOp
+
+    def state(hi, low, m, v):
+        return (read(resource=hi, dtype=weight_dtype), None if low is None else read(resource=low, dtype=low_dtype),
+                read(resource=m, dtype=moment_dtype), read(resource=v, dtype=moment_dtype))
+
+    def assign(handle, value):
+        tf.raw_ops.AssignVariableOp(resource=handle, value=value)
+        return tf.constant(0)
+
+    def first(hi, low, m, v, g, scalars):
+        _, new, _, _ = _step(kind, *state(hi, low, m, v), g, scalars, decay)
+        hi2, low2 = _store(kind, new, weight_dtype, None)
+        return low2 if kind == "split" else hi2
+
+    def second(hi, low, fixed, m, v, g, scalars):
+        _, new, _, _ = _step(kind, *state(hi, low, m, v), g, scalars, decay)
+        if kind == "split":
+            return assign(hi, bits.top_half_for(new, fixed))
+        return assign(low, tf.cast(new - tf.cast(fixed, tf.float32), low_dtype))
+
+    def single(hi, m, v, g, scalars, seed):
+        _, new, _, _ = _step(kind, *state(hi, None, m, v), g, scalars, decay)
+        return assign(hi, _store(kind, new, weight_dtype, seed)[0])
+
+    def both_moments(m, v, g, scalars, seed):
+        m32, v32 = _moments(read(resource=m, dtype=moment_dtype), read(resource=v, dtype=moment_dtype), g, scalars)
+        m2, v2 = _stored_moments(moments, m32, v32, seed)
+        assign(m, m2)
+        return assign(v, v2)
+
+    jit = functools.partial(tf.function, jit_compile=True, autograph=False)
+    return InPlace(jit(first), jit(second), jit(assign), jit(single), jit(both_moments))

@@ -42,6 +42,20 @@ def join(hi: tf.Tensor, lo: tf.Tensor) -> tf.Tensor:
     return tf.bitcast(tf.bitwise.bitwise_or(top, lo), tf.float32)
 
 
+def top_half_for(x: tf.Tensor, lo: tf.Tensor) -> tf.Tensor:
+    """The bfloat16 top half that joins `lo` into the float32 nearest `x` whose low half is `lo`.
+
+    `top_half_for(x, split(x)[1]) == split(x)[0]`; for `x` a few ulps from the value `lo` was split
+    from (the same arithmetic compiled twice may fuse a multiply-add differently), the pair still
+    joins exactly to that value (within 2^15 float32 ulps).
+    """
+    bits = tf.bitcast(tf.convert_to_tensor(x, tf.float32), tf.uint32)
+    offset = tf.bitwise.bitwise_and(tf.cast(lo, tf.uint32) - bits, _LOW_MASK)  # (lo - bits) mod 2^16
+    wrap = tf.where(offset >= _HALF, tf.constant(0x10000, tf.uint32), tf.constant(0, tf.uint32))
+    nearest = bits + offset - wrap  # modulo 2^32, as `join` reads it
+    return tf.bitcast(tf.cast(tf.bitwise.right_shift(nearest + _HALF, 16), tf.uint16), tf.bfloat16)
+
+
 def kahan_split(x: tf.Tensor, dtype: tf.DType) -> tuple[tf.Tensor, tf.Tensor]:
     """float32 `x` -> (`x` rounded to `dtype`, the remainder rounded to `dtype`)."""
     x = tf.convert_to_tensor(x, tf.float32)

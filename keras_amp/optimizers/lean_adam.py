@@ -42,8 +42,9 @@ from keras_amp.memory import storage
 from keras_amp.numerics import adam16, bits
 
 COMPENSATIONS = ("split", "kahan", "stochastic", "none")
-# As TensorFlow ops (`jit_update=False`), weights larger than this are updated a slice of rows at
-# a time (`_update_in_chunks`), so that the chain's float32 temporaries stay small.
+# Weights larger than this are "large": under XLA their update writes into the variables' own
+# buffers (`_update_in_place`); as TensorFlow ops (`jit_update=False`) it runs a slice of rows at a
+# time (`_update_in_chunks`). Either way no copy of the weight's whole state is held beside it.
 CHUNK_ELEMENTS = 1 << 20
 MOMENTS = ("bfloat16", "float32")
 
@@ -60,12 +61,13 @@ class LeanAdam(keras.optimizers.Adam):
         compensation: String or None. "split", "kahan", "stochastic" or "none" (module doc);
             None (default) picks "split" for bfloat16 weights and "kahan" for float16 ones.
         moments: String, "bfloat16" (default) or "float32".
-        jit_update: Bool, default True. Compile each weight's update into one XLA element-wise
-            loop (`keras_amp.numerics.adam16`): one pass over the state, no float32 temporaries
-            of the weight's size, faster than Keras's own Adam on a float32 weight (BUILD_NOTES);
-            its float32 arithmetic may contract a multiply-add into one FMA (within a float32
-            rounding). False runs the arithmetic as TensorFlow ops, bit for bit Keras Adam's, a
-            slice of rows at a time for weights over `CHUNK_ELEMENTS`.
+        jit_update: Bool, default True. Compile each weight's update into XLA element-wise loops
+            (`keras_amp.numerics.adam16`): one loop returning the new state, or for weights over
+            `CHUNK_ELEMENTS` calls that write it into the variables' own buffers (only the new
+            compensation half is held beside the state); faster than Keras's own Adam on a float32
+            weight (BUILD_NOTES). Its float32 arithmetic may contract a multiply-add into one FMA
+            (within a float32 rounding). False runs the arithmetic as TensorFlow ops, bit for bit
+            Keras Adam's, a slice of rows at a time for weights over `CHUNK_ELEMENTS`.
         **kwargs: `keras.optimizers.Adam`'s arguments (`amsgrad`, `use_ema` and gradient
             accumulation are not supported).
     """
@@ -254,12 +256,16 @@ class LeanAdam(keras.optimizers.Adam):
         probe = getattr(self, "_keras_amp_update_probe", None)
         low_var = self._low[index]
         m_var, v_var = self._momentums[index], self._velocities[index]
-        fn = adam16.kernel(kind, self.moments, decay, probe is not None, self.jit_update)
         rows = variable.shape[0] if variable.shape.rank else 1
-        size = int(np.prod(variable.shape))
-        large = rows > 1 and size > CHUNK_ELEMENTS
-        if not self.jit_update and probe is None and large:
-            return self._update_in_chunks(fn, variable, low_var, m_var, v_var, gradient, scalars, index)
+        large = int(np.prod(variable.shape)) > CHUNK_ELEMENTS
+        if large and probe is None:
+            if self.jit_update:
+                return self._update_in_place(kind, dtype, decay, variable, low_var, m_var, v_var, gradient,
+                                             scalars, seed)
+            if rows > 1:
+                return self._update_in_chunks(adam16.kernel(kind, self.moments, decay, False, False), variable,
+                                              low_var, m_var, v_var, gradient, scalars, index)
+        fn = adam16.kernel(kind, self.moments, decay, probe is not None, self.jit_update)
         with tf.control_dependencies(self._after_large_updates() if large else []):  # on the state's reads
             low = tf.convert_to_tensor(low_var) if low_var is not None else tf.zeros((), tf.uint16)
             out = fn(tf.convert_to_tensor(variable), low, tf.convert_to_tensor(m_var),
@@ -273,6 +279,27 @@ class LeanAdam(keras.optimizers.Adam):
         if probe is not None:
             probe.record(variable, before=out[4], intended=out[5], realized=out[6])
 
+    def _update_in_place(self, kind, dtype, decay, variable, low_var, m_var, v_var, gradient, scalars, seed):
+        """A large weight's update as `adam16.in_place` calls, each writing into its variables' own
+        buffers: the only state held twice is the new compensation half (2 bytes a parameter), not
+        the whole new state (8 bytes a parameter) and its temporaries, which `kernel` returns to be assigned.
+        The handles are the variables' own, or a replica's under `tf.distribute`'s update."""
+        calls = adam16.in_place(kind, self.moments, decay, dtype)
+        hi, m, v = variable.handle, m_var.handle, v_var.handle
+        gradient = tf.convert_to_tensor(gradient)
+        with tf.control_dependencies(self._after_large_updates()):
+            if low_var is None:
+                done = calls.single(hi, m, v, gradient, scalars, seed)
+            else:
+                low = low_var.handle
+                first = calls.first(hi, low, m, v, gradient, scalars)
+                done = calls.second(hi, low, first, m, v, gradient, scalars)
+                with tf.control_dependencies([done]):
+                    done = calls.put(low if kind == "split" else hi, first)
+            with tf.control_dependencies([done]):
+                done = calls.moments(m, v, gradient, scalars, seed)
+        self._large_updates[1].append(done)
+        return done
 
     def _after_large_updates(self) -> list:
         """The previous large weight's update in this trace, which the next one waits for: each

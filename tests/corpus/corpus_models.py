@@ -264,7 +264,6 @@ def _subclassed_gru_tagger():
 
 CASES = (
     Case("resnet50v2", "cnn", _application(keras.applications.ResNet50V2), _images, _sparse_probs),
-    Case("mobilenetv3small", "cnn", _application(keras.applications.MobileNetV3Small), _images, _sparse_probs),
     Case("efficientnetv2b0", "cnn", _application(keras.applications.EfficientNetV2B0), _images, _sparse_probs),
     Case("convnexttiny", "cnn", _application(keras.applications.ConvNeXtTiny), _images, _sparse_probs),
     Case("bert", "transformer", _bert, _bert_data, _sparse_logits),

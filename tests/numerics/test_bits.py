@@ -32,6 +32,20 @@ def test_split_top_half_is_the_nearest_bfloat16():
     assert np.mean(hi == rne) > 0.999
 
 
+def test_top_half_for_a_low_half_joins_it_exactly_to_the_value_it_was_split_from():
+    """`adam16.in_place` computes the low half and the top half in two compiled loops: a top half
+    from a recomputation a few ulps off still joins the low half into the first value, bit for bit."""
+    x = _floats(seed=2)
+    x = x[np.isfinite(x) & (np.abs(x) < 3.38e38) & (np.abs(x) > 1e-37)]
+    hi, lo = bits.split(x)
+    np.testing.assert_array_equal(bits.top_half_for(x, lo).numpy().view(np.uint16), hi.numpy().view(np.uint16))
+    for ulps in (1, -1, 37, -300, 2**14):  # the recomputation's error, in float32 ulps
+        nearby = (x.view(np.int32) + ulps).view(np.float32)
+        top = bits.top_half_for(nearby, lo)
+        np.testing.assert_array_equal(top.numpy().view(np.uint16), hi.numpy().view(np.uint16), err_msg=str(ulps))
+        np.testing.assert_array_equal(bits.join(top, lo).numpy().view(np.uint32), x.view(np.uint32))
+
+
 def test_kahan_pair_carries_twice_the_16bit_precision():
     # Weight-sized values: below ~1e-3 float16's remainder reaches its subnormals and precision drops.
     r = np.random.RandomState(2)

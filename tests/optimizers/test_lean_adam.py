@@ -230,24 +230,54 @@ def test_large_weights_update_in_chunks_with_the_same_result(monkeypatch):
         np.testing.assert_array_equal(whole, chunked)
 
 
-def test_large_weights_update_one_after_another_under_xla(monkeypatch):
-    """Each compiled update holds the weight's whole new state until it is assigned: the update of
-    a large weight waits for the previous large one's assignments, so two never coexist."""
+@pytest.mark.parametrize("policy,compensation,moments,weight_decay", [
+    ("mixed_bfloat16", "split", "float32", 0.01),  # first, second, put; float32 moments
+    ("mixed_bfloat16", "stochastic", "bfloat16", None),  # single (as "none"); bfloat16 moments
+    ("mixed_float16", "kahan", "bfloat16", 0.01)])
+def test_large_weights_are_updated_in_place_with_the_single_kernels_result(
+        monkeypatch, policy, compensation, moments, weight_decay):
+    """Under XLA a large weight's update is `adam16.in_place`'s calls writing into the variables'
+    buffers; its state is the one the single compiled kernel returns, bit for bit."""
+    from keras_amp.optimizers import lean_adam as lean  # noqa: PLC0415
+
+    keras_amp.enable(policy)
+    states = []
+    for chunk in (1 << 20, 100):  # the single kernel, then in place (the kernels, 16x32 and 32x4, are large)
+        monkeypatch.setattr(lean, "CHUNK_ELEMENTS", chunk)
+        model, opt = _model(), LeanAdam(1e-3, compensation=compensation, moments=moments, weight_decay=weight_decay)
+        memory.prepare(model, opt)
+        before = [np.asarray(v.numpy()).view(np.uint8) for v in model.trainable_variables]
+        opt.build(model.trainable_variables)
+        step = tf.function(lambda grads: opt.apply(grads, model.trainable_variables))
+        for i in range(4):
+            step([g * 50.0 for g in _grads(model, i)])  # large enough to move 16-bit weights
+        states.append([np.atleast_1d(v.numpy()).view(np.uint8) for v in model.trainable_variables + opt.variables])
+        assert not np.array_equal(states[-1][0], before[0]), "the first kernel did not move"
+        if chunk == 100:
+            graph = step.get_concrete_function([tf.constant(g) for g in _grads(model, 0)]).graph
+            calls = [op.get_attr("f").name for op in graph.get_operations()
+                     if op.type in ("PartitionedCall", "StatefulPartitionedCall")]
+            in_place = [c for c in calls if any(k in c for k in ("first", "second", "single", "both_moments"))]
+            assert len(in_place) == 2 * (3 if compensation in ("split", "kahan") else 2), calls
+    for whole, in_place in zip(*states):
+        np.testing.assert_array_equal(whole, in_place)
+
+
+def test_large_weights_update_one_after_another_in_place(monkeypatch):
+    """Each large weight's calls wait for the previous large weight's last call, so that two large
+    updates (each holding a new compensation half) never run at once."""
     from keras_amp.optimizers import lean_adam as lean  # noqa: PLC0415
 
     keras_amp.enable("mixed_bfloat16")
-    monkeypatch.setattr(lean, "CHUNK_ELEMENTS", 100)  # both kernels (16x32, 32x4=128) count as large
+    monkeypatch.setattr(lean, "CHUNK_ELEMENTS", 100)  # the kernels (16x32, 32x4) are large, the biases not
     model, opt = _model(), LeanAdam(1e-3)
     memory.prepare(model, opt)
     opt.build(model.trainable_variables)
     grads = _grads(model, 0)
     graph = tf.function(lambda: opt.apply(grads, model.trainable_variables)).get_concrete_function().graph
-    calls = [op for op in graph.get_operations() if op.type in ("PartitionedCall", "StatefulPartitionedCall")
-             and "update" in op.get_attr("f").name]
-    assert len(calls) == 4  # two kernels and two biases, each compiled
-    # What each call's state reads wait for (the reads are the call's inputs).
-    waits = [{c.name for i in op.inputs for c in i.op.control_inputs} for op in calls]
-    assert [bool(w) for w in waits] == [False, False, True, False]  # kernel, bias, kernel_1, bias_1
-    first_kernel_reads = {i.op.name for i in calls[0].inputs[:4]}
-    assert len(waits[2]) == 4 and not waits[2] & first_kernel_reads  # reads made after its assignments
-    assert all(graph.get_operation_by_name(n).type == "ReadVariableOp" for n in waits[2])
+    calls = [op for op in graph.get_operations() if op.type in ("PartitionedCall", "StatefulPartitionedCall")]
+    firsts = [op for op in calls if "first" in op.get_attr("f").name]
+    moments = [op for op in calls if "both_moments" in op.get_attr("f").name]
+    assert len(firsts) == len(moments) == 2
+    assert not firsts[0].control_inputs
+    assert moments[0] in firsts[1].control_inputs

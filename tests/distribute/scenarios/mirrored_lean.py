@@ -1,7 +1,9 @@
 """MirroredStrategy over 2 logical CPUs: LeanAdam (16-bit weights, compensation, 16-bit moments)
 and a frozen layer stored in 16 bits; every replica must hold the same bits.
 
-argv: policy compensation   ("mixed_bfloat16" stochastic | "mixed_float16" kahan, ...)
+argv: policy compensation [in_place]   ("mixed_bfloat16" stochastic | "mixed_float16" kahan in_place, ...)
+in_place: every weight counts as large, so XLA updates it in place (`adam16.in_place`, on each
+replica's variables through the update context's handles).
 """
 
 import sys
@@ -11,8 +13,13 @@ import keras
 import numpy as np
 
 import keras_amp
+from keras_amp.numerics import adam16
 
 policy, compensation = sys.argv[1], sys.argv[2]
+if sys.argv[3:] == ["in_place"]:
+    from keras_amp.optimizers import lean_adam
+
+    lean_adam.CHUNK_ELEMENTS = 0
 
 
 def main():
@@ -38,6 +45,7 @@ def main():
         mirrored=len(per_replica),
         replicas_identical=all(all(np.array_equal(c.view(np.uint8), copies[0].view(np.uint8)) for c in copies)
                                for copies in per_replica),
+        in_place_configurations=adam16.in_place.cache_info().currsize,
         lean=list(inner._kinds[i][0] if inner._kinds[i] else "float32" for i in range(len(inner._kinds))),
     )
 
