@@ -275,7 +275,7 @@ class LeanAdam(keras.optimizers.Adam):
             if target is not None:
                 target.assign(value)
         if large:  # later reads of the assigned variables run after their assignments
-            self._large_updates[1].extend(tf.convert_to_tensor(t) for t, _ in targets if t is not None)
+            self._record_large_update([tf.convert_to_tensor(t) for t, _ in targets if t is not None])
         if probe is not None:
             probe.record(variable, before=out[4], intended=out[5], realized=out[6])
 
@@ -298,16 +298,23 @@ class LeanAdam(keras.optimizers.Adam):
                     done = calls.put(low if kind == "split" else hi, first)
             with tf.control_dependencies([done]):
                 done = calls.moments(m, v, gradient, scalars, seed)
-        self._large_updates[1].append(done)
+        self._record_large_update([done])
         return done
 
     def _after_large_updates(self) -> list:
         """The previous large weight's update in this trace, which the next one waits for: each
-        holds its new state (8 bytes a parameter) until assigned, and TF would run them all at once."""
+        holds new state beside the old until it is written, and TF would run them all at once.
+        Eagerly, ops run one after another: nothing to wait for, nothing kept."""
+        if tf.executing_eagerly():
+            return []
         graph = tf.compat.v1.get_default_graph()
         if getattr(self, "_large_updates", (None,))[0] is not graph:
             self._large_updates = (graph, [])
         return list(self._large_updates[1])
+
+    def _record_large_update(self, tensors) -> None:
+        if not tf.executing_eagerly():
+            self._large_updates[1].extend(tensors)
 
     def _update_in_chunks(self, fn, variable, low_var, m_var, v_var, gradient, scalars, index):
         """The same update, CHUNK_ELEMENTS at a time along axis 0, one chunk after another: the float32

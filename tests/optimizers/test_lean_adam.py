@@ -281,3 +281,10 @@ def test_large_weights_update_one_after_another_in_place(monkeypatch):
     assert len(firsts) == len(moments) == 2
     assert not firsts[0].control_inputs
     assert moments[0] in firsts[1].control_inputs
+    # Eagerly the calls run in order and update the weight; nothing is kept from one step to the next.
+    kept = list(opt._large_updates[1])
+    before = model.trainable_variables[0].numpy().view(np.uint16)
+    for _ in range(2):
+        opt.apply([g * 50.0 for g in grads], model.trainable_variables)
+    assert not np.array_equal(model.trainable_variables[0].numpy().view(np.uint16), before)
+    assert opt._large_updates[1] == kept
