@@ -847,7 +847,7 @@ def measure(case: Case, policy: str) -> Outcome:
     optimizer.build(model.trainable_variables)
     step = step_function(model, case.loss(), optimizer)
     findings = tuple(audit_graph(step.get_concrete_function(x, y).graph))
-    with _graph_optimizer_off():
+    with graph_optimizer_off():
         inference, step_loss, grads = step(x, y)
     optimizer.apply(grads, model.trainable_variables)
     finite = all(bool(np.all(np.isfinite(w))) for w in model.get_weights())
@@ -856,7 +856,7 @@ def measure(case: Case, policy: str) -> Outcome:
 
 
 @contextlib.contextmanager
-def _graph_optimizer_off():
+def graph_optimizer_off():
     """Runs the step without Grappler: its passes over a training step of a few thousand ops take
     longer than running the step, which the census does once (BUILD_NOTES: the census's cost).
     What the census checks is in the traced graph, which Grappler never rewrites; its fusions
