@@ -182,7 +182,10 @@ class LeanAdam(keras.optimizers.Adam):
         if deferred is not None:
             self._deferred_state = None
             self.built = True
-            super().load_own_variables(deferred)
+            # Eagerly: fit builds the optimizer inside the first traced step, where these assignments
+            # would be ops of that graph instead of the loaded state (training resumed from zero).
+            with tf.init_scope():
+                super().load_own_variables(deferred)
 
     def _master(self, variable):
         index = self._get_variable_index(variable)
@@ -258,7 +261,7 @@ class LeanAdam(keras.optimizers.Adam):
         m_var, v_var = self._momentums[index], self._velocities[index]
         rows = variable.shape[0] if variable.shape.rank else 1
         large = int(np.prod(variable.shape)) > CHUNK_ELEMENTS
-        if large and probe is None:
+        if large and probe is None:  # the vanishing-update probe reads the single kernel's masters
             if self.jit_update:
                 return self._update_in_place(kind, dtype, decay, variable, low_var, m_var, v_var, gradient,
                                              scalars, seed)

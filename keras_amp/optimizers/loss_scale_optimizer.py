@@ -250,7 +250,12 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         # A store written by stock Keras's LossScaleOptimizer lacks our three counters: load its
         # four own variables and the inner optimizer's, and start the counters at zero.
         n_ours = len(self._variables)
-        if self.built and len(store.keys()) == len(self.variables) - (n_ours - _STOCK_OWN_VARIABLES):
+        if self.built and not self.inner_optimizer.built and len(store.keys()) >= n_ours:
+            # An inner optimizer that builds later (LeanAdam waits for keras_amp.memory.prepare) loads
+            # its own state then, from its own entry of the file; ours (scale, counters) load now.
+            for i, variable in enumerate(self._variables):
+                variable.assign(store[str(i)])
+        elif self.built and len(store.keys()) == len(self.variables) - (n_ours - _STOCK_OWN_VARIABLES):
             for i, variable in enumerate(self._variables[:_STOCK_OWN_VARIABLES]):
                 variable.assign(store[str(i)])
             for i, variable in enumerate(self.inner_optimizer.variables):

@@ -173,6 +173,26 @@ def test_keras_file_round_trip_restores_the_master_and_moments(tmp_path):
         np.testing.assert_array_equal(got.numpy(), want)
 
 
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_fit_resumed_from_a_keras_file_continues_the_uninterrupted_run(tmp_path, policy):
+    """fit builds a loaded LeanAdam inside its first traced step: the state saved in the file is
+    what the resumed run starts from (it restarted from zero moments and step 0 before)."""
+    keras_amp.enable(policy)
+    model = _model()
+    opt = LeanAdam(1e-3)
+    model.compile(keras_amp.LossScaleOptimizer(opt) if policy == "mixed_float16" else opt, "mse")
+    model.fit(X, Y, batch_size=16, epochs=2, verbose=0, shuffle=False)
+    model.save(str(tmp_path / "lean.keras"))
+    loaded = keras.models.load_model(str(tmp_path / "lean.keras"))
+    resumed = loaded.fit(X, Y, batch_size=16, epochs=1, verbose=0, shuffle=False).history["loss"]
+    uninterrupted = model.fit(X, Y, batch_size=16, epochs=1, verbose=0, shuffle=False).history["loss"]
+    assert resumed == uninterrupted
+    inner = getattr(loaded.optimizer, "inner_optimizer", loaded.optimizer)
+    assert int(inner.iterations.numpy()) == 12
+    for a, b in zip(model.weights + model.optimizer.variables, loaded.weights + loaded.optimizer.variables):
+        np.testing.assert_array_equal(np.atleast_1d(a.numpy()).view(np.uint8), np.atleast_1d(b.numpy()).view(np.uint8))
+
+
 def test_bad_arguments_and_misuse_get_clear_errors():
     with pytest.raises(ValueError, match="compensation"):
         LeanAdam(compensation="exact")
