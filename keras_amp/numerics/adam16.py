@@ -52,7 +52,7 @@ def _store(kind, new, dtype, seed):
 def _step(kind, hi, low, m, v, g, scalars, decay):
     """(master after weight decay, new master, first moment, second moment), float32: Keras Adam's
     arithmetic."""
-    lr, alpha, one_minus_b1, one_minus_b2, eps, wd = tf.unstack(scalars)
+    lr, alpha, _, _, eps, wd = tf.unstack(scalars)
     w = _master(kind, hi, low)
     if decay:
         w = w - w * wd * lr

@@ -247,21 +247,17 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return ops.multiply(loss, tiers.KERAS_DEFAULT.initial_scale)
 
     def load_own_variables(self, store):
-        # A store written by stock Keras's LossScaleOptimizer lacks our three counters: load its
-        # four own variables and the inner optimizer's, and start the counters at zero.
-        n_ours = len(self._variables)
-        if self.built and not self.inner_optimizer.built and len(store.keys()) >= n_ours:
-            # An inner optimizer that builds later (LeanAdam waits for keras_amp.memory.prepare) loads
-            # its own state then, from its own entry of the file; ours (scale, counters) load now.
+        # The store holds ours, then the inner optimizer's: one that builds later (LeanAdam) loads its
+        # own entry then, ours load now. Stock Keras's store lacks our three counters: they start at 0.
+        n_ours, inner = len(self._variables), self.inner_optimizer
+        if self.built and not inner.built and len(store.keys()) >= n_ours:
             for i, variable in enumerate(self._variables):
                 variable.assign(store[str(i)])
         elif self.built and len(store.keys()) == len(self.variables) - (n_ours - _STOCK_OWN_VARIABLES):
-            for i, variable in enumerate(self._variables[:_STOCK_OWN_VARIABLES]):
+            for i, variable in enumerate(list(self._variables[:_STOCK_OWN_VARIABLES]) + list(inner.variables)):
                 variable.assign(store[str(i)])
-            for i, variable in enumerate(self.inner_optimizer.variables):
-                variable.assign(store[str(i + _STOCK_OWN_VARIABLES)])
             # Stock never advances its own `iteration` (slot 0): every step it saw was applied.
-            self._iterations.assign(self.inner_optimizer.iterations)
+            self._iterations.assign(inner.iterations)
             logging.info("LossScaleOptimizer %r: loaded stock Keras LossScaleOptimizer state; "
                          "overflow counters start at 0.", self.name)
         else:
