@@ -9,4 +9,6 @@ Modules:
         calling-layer stack.
     bits: 16-bit storage arithmetic (the 16+16 split, stochastic rounding) as integer bit operations.
     adam16: the compiled Adam updates of 16-bit weights (`keras_amp.optimizers.LeanAdam`).
+    gelu: gelu's float32 derivative; its forward and backward pass from a 16-bit input as XLA
+        computations.
 """

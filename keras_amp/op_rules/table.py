@@ -159,7 +159,8 @@ RULES: tuple[Rule, ...] = (
          "memory: TensorFlow's gelu is composite (0.5 x erfc(-x/sqrt(2)), or the tanh form), so "
          "its autodiff keeps three activation-sized tensors; the rule keeps only the 16-bit x and "
          "evaluates the derivative Phi(x) + x phi(x) (or the tanh form's) in float32 from it. The "
-         "forward pass is float32 too, rounded once (the row above)"),
+         "forward pass is float32 too, rounded once (the row above). Under `enable(xla_scores=True)` "
+         "each direction is one XLA computation from the 16-bit x (no float32 tensor between ops)"),
     Rule("silu", "", "compute dtype", "input dtype", BOTH, "keras_amp", (f"{TF_NN}.silu",),
          "memory: TensorFlow's silu is a tf.custom_gradient, whose graph-mode gradient closure is never "
          "freed, so every traced graph through it stayed alive with the variables it captured (a LoRA "

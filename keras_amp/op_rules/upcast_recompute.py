@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from keras_amp.custom_gradient import custom_gradient
 from keras_amp.numerics import cross_entropy
+from keras_amp.numerics import gelu as gelu_numerics
 
 _16BIT = (tf.float16, tf.bfloat16)
 
@@ -340,28 +341,16 @@ def upcast_recompute_sparse_categorical_crossentropy(original: Callable, *, xla_
     return sparse_categorical_crossentropy
 
 
-_SQRT_2_OVER_PI = 0.7978845608028654
-_RSQRT_2 = 0.7071067811865476
-_RSQRT_2PI = 0.3989422804014327
-_TANH_COEFF = 0.044715
-
-
-def _gelu_derivative(x: tf.Tensor, approximate: bool) -> tf.Tensor:
-    """d gelu(x) / dx in float32: Phi(x) + x phi(x), or the tanh form's closed derivative."""
-    if approximate:
-        x2 = x * x
-        t = tf.tanh(_SQRT_2_OVER_PI * (x + _TANH_COEFF * x * x2))
-        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3.0 * _TANH_COEFF * x2)
-    return 0.5 * tf.math.erfc(-x * _RSQRT_2) + x * tf.exp(-0.5 * x * x) * _RSQRT_2PI
-
-
-def upcast_recompute_gelu(original: Callable) -> Callable:
+def upcast_recompute_gelu(original: Callable, *, xla_scores: bool = True) -> Callable:
     """Replaces the TF backend's `gelu`: float32 forward and backward, keeping only the 16-bit x.
 
     TensorFlow's gelu is composite (`0.5 * x * erfc(-x / sqrt(2))`, or the tanh form with
     `pow(x, 3)`), so its autodiff keeps three activation-sized tensors and, in float16, its
-    gradient `3 x**2` overflows past |x| = 256.
+    gradient `3 x**2` overflows past |x| = 256. With `xla_scores` (keras_amp's XLA kernels on,
+    `keras_amp.enable`) each direction is one XLA computation from the 16-bit x
+    (`numerics.gelu.compiled`); otherwise float32 TensorFlow ops between an upcast and a downcast.
     """
+    kernels = gelu_numerics.compiled(original) if xla_scores else None
 
     def gelu(x, approximate=True):
         x = tf.convert_to_tensor(x)  # as Keras does (a variable or array becomes a tensor)
@@ -373,11 +362,18 @@ def upcast_recompute_gelu(original: Callable) -> Callable:
 
         @custom_gradient
         def f(x):
-            y = tf.cast(original(tf.cast(x, tf.float32), approximate=approximate), out_dtype)
+            if kernels:
+                # Read from the 16-bit source only: a float32 `x` (an upcast) is then read by nothing
+                # and TensorFlow drops it; the gradient below is the only path to `x`.
+                y = kernels[0](x16, approximate, out_dtype)
+            else:
+                y = tf.cast(original(tf.cast(x, tf.float32), approximate=approximate), out_dtype)
 
             @_in_scope(scope)
             def grad(dy):
-                slope = _gelu_derivative(recompute_upcast(x16, dy), approximate)
+                if kernels:
+                    return kernels[1](x16, tf.cast(dy, out_dtype), approximate)
+                slope = gelu_numerics.derivative(recompute_upcast(x16, dy), approximate)
                 return tf.cast(tf.cast(dy, tf.float32) * slope, out_dtype)
 
             return y, grad

@@ -214,13 +214,14 @@ def test_sparse_cross_entropy_loss_and_gradient_are_stocks(shape, trailing_one, 
     np.testing.assert_allclose(g, want, rtol=2.0**-8, atol=2.0**-8 * float(np.abs(want).max()))
 
 
+@pytest.mark.parametrize("xla", [True, False], ids=["xla", "unfused"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("approximate", [False, True], ids=["exact", "tanh"])
-def test_gelu_forward_and_derivative_match_float64(dtype, approximate):
+def test_gelu_forward_and_derivative_match_float64(dtype, approximate, xla):
     x = tf.constant(np.concatenate([np.linspace(-8, 8, 65), [-30.0, 30.0]]), dtype)
     x64 = tf.cast(x, tf.float64)
     weight = _weight(x.shape, dtype, 14)
-    keras_amp.enable({tf.bfloat16: "mixed_bfloat16", tf.float16: "mixed_float16"}[dtype])
+    keras_amp.enable({tf.bfloat16: "mixed_bfloat16", tf.float16: "mixed_float16"}[dtype], xla_scores=xla)
     ours, grads = _value_and_grads(lambda x: keras.ops.gelu(x, approximate=approximate), [x], weight)
     keras_amp.disable()
     ref, ref_grads = _value_and_grads(lambda x: keras.ops.gelu(x, approximate=approximate), [x64], weight)
