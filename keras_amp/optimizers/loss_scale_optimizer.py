@@ -2,14 +2,13 @@
 
 The update rule is `scale_rule.adjust`; host-side logging of scale changes is `scale_log.py`.
 
-Private Keras methods overridden here (no public hook exists), written against Keras 3.15.1:
-`build`, `apply`, `_tf_apply`, `_common_apply`, `stateless_apply`, `load_own_variables`. Private
-members read: `_overwrite_variable_with_gradient`, `_iterations`, `_variables`,
-`_trainable_variables`, Keras's `no_automatic_dependency_tracking` and TensorFlow's
-`GraphOrParentsInXlaContext`. Each is a pin of `keras_amp._compat` (feature `LSO`): on a Keras
-where one moved or changed, constructing this class raises `_compat.FeatureOff` naming it (the
-overrides would otherwise stop being called in silence), and `keras_amp.wrap()` warns and returns
-stock Keras's `LossScaleOptimizer` instead.
+Private Keras methods overridden here (no public hook exists), written against Keras 3.15.1: `build`,
+`apply`, `_tf_apply`, `_common_apply`, `stateless_apply`, `load_own_variables`. Private members read:
+`_overwrite_variable_with_gradient`, `_iterations`, `_variables`, `_trainable_variables`, Keras's
+`no_automatic_dependency_tracking` and TensorFlow's `GraphOrParentsInXlaContext`. Each is a pin of
+`keras_amp._compat` (feature `LSO`): on a Keras where one moved or changed, constructing this class
+raises `_compat.FeatureOff` naming it (the overrides would otherwise stop being called in silence),
+and `keras_amp.wrap()` warns and returns stock Keras's `LossScaleOptimizer` instead.
 """
 
 from __future__ import annotations
@@ -114,10 +113,9 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                  backoff_factor=0.5, hysteresis=1, dynamic=True, on_min_scale="warn", **kwargs):
         _compat.require(_compat.LSO)
         if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
-            raise ValueError(
-                "`inner_optimizer` must not itself be a LossScaleOptimizer (the loss would be "
-                f"scaled twice). Received: inner_optimizer={inner_optimizer!r}. Allowed: a plain "
-                "keras.optimizers.Optimizer")
+            raise ValueError("`inner_optimizer` must not itself be a LossScaleOptimizer (the loss would be scaled "
+                             f"twice). Received: inner_optimizer={inner_optimizer!r}. Allowed: a plain "
+                             "keras.optimizers.Optimizer")
         validation.check_type("inner_optimizer", inner_optimizer, keras.optimizers.Optimizer,
                               "a keras.optimizers.Optimizer")
         lso_settings.check_known_kwargs(kwargs)  # ValueError, as the stock constructor raises
@@ -135,6 +133,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.tier = tier
         self.resolved_tier = None
         self._scale_log = ScaleLog()
+        self._first_scale = None  # tier="auto": the scale an eager first step's loss took before build
         if tier == tiers.AUTO:  # the tier's values are known at build time
             for key, value in explicit.items():
                 setattr(self, key, value)
@@ -238,12 +237,12 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def scale_loss(self, loss):
         if self.built or self.initial_scale is not None:
             return super().scale_loss(loss)
-        # tier="auto", unbuilt: the scale depends on the variables `apply` will build with.
+        # tier="auto", unbuilt: the scale depends on the variables `apply` builds with, so the loss takes
+        # Keras's default scale. Eagerly (`fit(run_eagerly=True)`, a custom loop) `apply` unscales that step
+        # by it. Traced (`fit` without a strategy), `apply` builds the optimizer in the same trace, creating
+        # variables, so TensorFlow retraces with the built optimizer and this placeholder never runs.
         if tf.executing_eagerly():
-            self._require_built("scale_loss (tier='auto')")
-        # Traced before the first `apply` (Keras fit without a strategy): `apply` builds the
-        # optimizer in this same trace, creating variables, so TensorFlow discards this trace
-        # and retraces with the built optimizer; the placeholder scale is never executed.
+            self._first_scale = tiers.KERAS_DEFAULT.initial_scale
         return ops.multiply(loss, tiers.KERAS_DEFAULT.initial_scale)
 
     def load_own_variables(self, store):
@@ -285,6 +284,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     def apply(self, grads, trainable_variables=None):
         super().apply(grads, trainable_variables)
+        self._first_scale = None
         if tf.executing_eagerly() and not tf.distribute.has_strategy():
             self.host_check()
 
@@ -334,7 +334,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         ops.cond(finite, apply_fn, lambda: self._update(False))
 
     def _apply_unscaled(self, grads, trainable_variables):
-        scale = self.dynamic_scale
+        scale = self._first_scale or self.dynamic_scale
         tvs = trainable_variables or self._trainable_variables
         unscaled = [g if g is None or self._overwrite_variable_with_gradient(v)
                     else ops.divide(g, scale) for g, v in zip(grads, tvs)]

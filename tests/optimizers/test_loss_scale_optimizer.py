@@ -175,8 +175,6 @@ def test_scale_before_build_is_the_initial_scale():
 def test_auto_tier_resolves_at_build_and_config_records_choice():
     opt = LossScaleOptimizer(keras.optimizers.SGD(), tier="auto")
     assert opt.get_config()["tier"] == "auto" and opt.get_config()["initial_scale"] is None
-    with pytest.raises(ValueError, match="build"):
-        opt.scale_loss(tf.constant(1.0))
     # Before build the scale is not known yet: an error saying how to get it, never None.
     with pytest.raises(ValueError, match=r"small 1024, medium 4096, large 65536.*initial_scale_for"
                                          r".*Received: tier='auto', built=False"):
@@ -375,3 +373,40 @@ def test_subnormal_min_scale_rejected_where_float32_would_make_it_zero():
     v, opt = _setup(initial_scale=tiny * 4, min_scale=tiny)
     _loop(opt, v, INF, 5)
     assert opt.scale == np.float32(tiny) > 0.0
+
+
+def test_auto_tier_eager_first_step_before_build_is_unscaled_by_the_scale_it_took():
+    # fit(run_eagerly=True) and custom loops scale the first loss before `apply` builds the optimizer
+    # (and picks the tier's scale): that step's gradients are unscaled by the scale the loss took.
+    def first_step(build_first):
+        v = keras.Variable(np.array([1.0, -2.0, 3.0], "float32"))
+        opt = LossScaleOptimizer(keras.optimizers.SGD(0.1), tier="auto")
+        if build_first:
+            opt.build([v])
+        with tf.GradientTape() as tape:
+            scaled = opt.scale_loss(tf.reduce_sum(v.value * v.value))
+        opt.apply(tape.gradient(scaled, [v]), [v])
+        return opt, v.numpy()
+
+    late, moved = first_step(build_first=False)
+    early, reference = first_step(build_first=True)
+    np.testing.assert_array_equal(moved, reference)  # powers of two: exact either way
+    np.testing.assert_allclose(reference, [0.8, -1.6, 2.4], rtol=1e-6)  # v - 0.1 * 2v: one step, unscaled
+    assert late.scale == early.scale == 2.0**10 and int(late.overflow_count.numpy()) == 0
+    assert late._first_scale is None  # the next steps use the built scale
+
+
+def test_fit_run_eagerly_under_auto_tier_matches_the_traced_fit():
+    # Stock Keras's LossScaleOptimizer trains eagerly; so does ours (tier="auto", built by fit's first apply).
+    def losses(run_eagerly):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+        model.compile(optimizer=LossScaleOptimizer(keras.optimizers.SGD(0.1), tier="auto"), loss="mse",
+                      run_eagerly=run_eagerly)
+        rng = np.random.default_rng(0)
+        x, y = rng.normal(size=(8, 4)).astype("float32"), rng.normal(size=(8, 3)).astype("float32")
+        return model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0).history["loss"]
+
+    eager, traced = losses(True), losses(False)
+    np.testing.assert_allclose(eager, traced, rtol=1e-6)
+    assert eager[1] < eager[0]
