@@ -16,7 +16,10 @@ a 16-bit input is its own source. Each rule takes `x` itself as its differentiab
 returns the gradient for `x`, so a tape that watches `x` gets every contribution. The source is
 only what the gradient function closes over, so TensorFlow frees the float32 copy once the forward
 ops have read it (inside `tf.function`, where `fit` runs). In eager execution, and for float32
-inputs that are not upcasts, the Keras original runs unchanged.
+inputs that are not upcasts, the Keras original runs unchanged. Under `enable(xla_scores=True)` the
+sparse cross-entropy and gelu run as XLA computations from the 16-bit tensor instead
+(`numerics.cross_entropy`, `numerics.gelu`): the same float32 formulas, within float32 rounding of
+TensorFlow's kernels.
 """
 
 from __future__ import annotations
@@ -350,7 +353,7 @@ def upcast_recompute_gelu(original: Callable, *, xla_scores: bool = True) -> Cal
     `keras_amp.enable`) each direction is one XLA computation from the 16-bit x
     (`numerics.gelu.compiled`); otherwise float32 TensorFlow ops between an upcast and a downcast.
     """
-    kernels = gelu_numerics.compiled(original) if xla_scores else None
+    forward, backward = gelu_numerics.compiled(original) if xla_scores else (None, None)
 
     def gelu(x, approximate=True):
         x = tf.convert_to_tensor(x)  # as Keras does (a variable or array becomes a tensor)
@@ -362,17 +365,17 @@ def upcast_recompute_gelu(original: Callable, *, xla_scores: bool = True) -> Cal
 
         @custom_gradient
         def f(x):
-            if kernels:
+            if forward is not None:
                 # Read from the 16-bit source only: a float32 `x` (an upcast) is then read by nothing
                 # and TensorFlow drops it; the gradient below is the only path to `x`.
-                y = kernels[0](x16, approximate, out_dtype)
+                y = forward(x16, approximate, out_dtype)
             else:
                 y = tf.cast(original(tf.cast(x, tf.float32), approximate=approximate), out_dtype)
 
             @_in_scope(scope)
             def grad(dy):
-                if kernels:
-                    return kernels[1](x16, tf.cast(dy, out_dtype), approximate)
+                if backward is not None:
+                    return backward(x16, tf.cast(dy, out_dtype), approximate)
                 slope = gelu_numerics.derivative(recompute_upcast(x16, dy), approximate)
                 return tf.cast(tf.cast(dy, tf.float32) * slope, out_dtype)
 

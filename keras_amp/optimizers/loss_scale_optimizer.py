@@ -166,15 +166,10 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
             "initial_scale": self.initial_scale,
             "dynamic_growth_steps": self.dynamic_growth_steps,
-            "tier": self.resolved_tier if self.tier == tiers.AUTO and self.resolved_tier
-            else self.tier,
-            "min_scale": self.min_scale,
-            "max_scale": self.max_scale,
-            "growth_factor": self.growth_factor,
-            "backoff_factor": self.backoff_factor,
-            "hysteresis": self.hysteresis,
-            "dynamic": self.dynamic,
-            "on_min_scale": self.on_min_scale,
+            "tier": self.resolved_tier if self.tier == tiers.AUTO and self.resolved_tier else self.tier,
+            "min_scale": self.min_scale, "max_scale": self.max_scale,
+            "growth_factor": self.growth_factor, "backoff_factor": self.backoff_factor,
+            "hysteresis": self.hysteresis, "dynamic": self.dynamic, "on_min_scale": self.on_min_scale,
         }
 
     # ----------------------------------------------------------------- state
@@ -283,6 +278,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             f"Received: backend={keras.backend.backend()!r}. Allowed: 'tensorflow'")
 
     def apply(self, grads, trainable_variables=None):
+        if self.built or not tf.executing_eagerly():
+            self._first_scale = None  # only for the eager step that builds (see `scale_loss`)
         super().apply(grads, trainable_variables)
         self._first_scale = None
         if tf.executing_eagerly() and not tf.distribute.has_strategy():

@@ -410,3 +410,20 @@ def test_fit_run_eagerly_under_auto_tier_matches_the_traced_fit():
     eager, traced = losses(True), losses(False)
     np.testing.assert_allclose(eager, traced, rtol=1e-6)
     assert eager[1] < eager[0]
+
+
+def test_an_eager_loss_scaled_before_build_and_never_applied_does_not_unscale_later_steps():
+    v = keras.Variable(np.array([1.0, -2.0, 3.0], "float32"))
+    opt = LossScaleOptimizer(keras.optimizers.SGD(0.1), tier="auto")
+    opt.scale_loss(tf.constant(1.0))  # eager and unbuilt: looked at, never applied
+    opt.build([v])
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            scaled = opt.scale_loss(tf.reduce_sum(v.value * v.value))
+        opt.apply(tape.gradient(scaled, [v]), [v])
+
+    step()
+    np.testing.assert_allclose(v.numpy(), [0.8, -1.6, 2.4], rtol=1e-6)  # unscaled by the built scale
+    assert opt._first_scale is None
