@@ -11,6 +11,7 @@ Modules:
     upcast_recompute: float32 normalisation, gelu and cross-entropy that keep 16-bit tensors, not float32
         copies, for the backward pass.
     dropout: 16-bit inputs' keep masks from half the random words (speed).
+    bias_add: bfloat16 bias gradients summed with float32 accumulation (TF's CPU kernel sums in bfloat16).
     attention: float32 attention scores in MultiHeadAttention and `ops.dot_product_attention`.
     dataflow: attention scores and normalisation statistics found by what the traced graph
         computes (a matmul of two activations feeding a softmax; a root of a mean of squares),
@@ -31,6 +32,7 @@ from keras_amp.op_rules.installer import (
 )
 from keras_amp.op_rules.table import (
     ATTENTION_OP,
+    BIAS_GRADIENT_OP,
     BOTH,
     FLOAT16,
     GELU_BACKWARD_OP,
@@ -48,6 +50,7 @@ from keras_amp.op_rules.table import (
 
 __all__ = [
     "ATTENTION_OP",
+    "BIAS_GRADIENT_OP",
     "BOTH",
     "DOT_PRODUCT_ATTENTION_OP",
     "FLOAT16",

@@ -26,6 +26,7 @@ from keras_amp import _compat
 from keras_amp import policy as amp_policy
 from keras_amp import validation
 from keras_amp.op_rules.attention import dot_product_attention_rule, mha_attention_rule
+from keras_amp.op_rules.bias_add import float32_bias_gradient
 from keras_amp.op_rules.float32_ops import (
     float32_batch_normalization,
     float16_arange,
@@ -47,6 +48,7 @@ from keras_amp.op_rules.dropout import RELIED_ON as DROPOUT_RELIED_ON
 from keras_amp.op_rules.matmul import matmul16
 from keras_amp.op_rules.silu import graph_freeing_silu
 from keras_amp.op_rules.table import (
+    ADD,
     DPA,
     LAYER_CALL,
     LAYER_OPEN_SCOPE,
@@ -93,6 +95,7 @@ _FACTORIES: dict[str, Callable | None] = {
     DPA: dot_product_attention_rule,
     f"{TF_NN}._apply_masks": None,
     MATMUL: matmul16,
+    ADD: float32_bias_gradient,
     LAYER_CALL: None,
     LAYER_OPEN_SCOPE: None,
     "keras.src.backend.tensorflow.core.name_scope": None,

@@ -65,6 +65,8 @@ LEAN = (
     "exact upcast there (graph mode; a float32 input that is no upcast is kept as is)"
 )
 MATMUL = "keras.src.backend.tensorflow.numpy.matmul"
+ADD = "keras.src.backend.tensorflow.numpy.add"
+BIAS_GRADIENT_OP = "bias add (Dense, EinsumDense, convolution biases: `add` of a channel vector), backward pass"
 MATMUL16_OP = "matmul in a layer with a Matmul16DTypePolicy (the \"rnn\" recipe's recurrences)"
 UNAUTOCAST_WEIGHT_OP = "matmul of a 16-bit activation by a weight read without autocasting"
 ATTENTION_OP = "MultiHeadAttention scores (QK^T, scale, mask, softmax)"
@@ -126,6 +128,11 @@ RULES: tuple[Rule, ...] = (
          "Keras documents the compute dtype). Computed as 16-bit operands with float32 accumulation and "
          "Keras's float32 result, so a frozen head weight is stored in 16 bits with the same results. A "
          "float32 activation (reverse_dtype=\"float32\") and autocast layers are left alone"),
+    Rule(BIAS_GRADIENT_OP, "", "float32", "input dtype", ("bfloat16",), "keras_amp", (ADD,),
+         "TensorFlow's CPU BiasAddGrad sums bfloat16 in bfloat16: 16,384 rows of 1.0 sum to 256 (stock trains "
+         "every bias on that); the rule keeps the forward bias_add and sums the bias gradient with float32 "
+         "accumulation (a bfloat16 matmul by ones where oneDNN runs bfloat16 natively, else TF's Sum, which "
+         "accumulates in float32; a float32 copy's sum on a GPU), rounded once"),
     Rule("batch_normalization", "normalization", "float32", "input dtype", BOTH, "keras_amp",
          (f"{TF_NN}.batch_normalization",),
          "x*inv - mean*inv cancels catastrophically in 16 bits when |mean| >> std; float32 "

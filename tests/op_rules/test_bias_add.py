@@ -1,0 +1,187 @@
+"""keras_amp.op_rules.bias_add: bfloat16 bias gradients summed with float32 accumulation."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_amp
+from keras_amp import hardware
+from keras_amp.op_rules import bias_add
+
+pytestmark = pytest.mark.usefixtures("no_op_rules")
+
+NATIVE_BF16 = hardware.detect().cpu_fast_bfloat16
+
+
+def _reference(dy: tf.Tensor, channel_axis: int) -> np.ndarray:
+    """float64 sum of the bfloat16 values over every axis but the channel's."""
+    d = np.asarray(tf.cast(dy, tf.float64))
+    return d.sum(axis=tuple(a for a in range(d.ndim) if a != channel_axis % d.ndim))
+
+
+def _bound(dy: tf.Tensor, channel_axis: int) -> np.ndarray:
+    """One bfloat16 rounding of the result plus float32 accumulation over the rows."""
+    d = np.abs(np.asarray(tf.cast(dy, tf.float64)))
+    axes = tuple(a for a in range(d.ndim) if a != channel_axis % d.ndim)
+    rows = d.size // d.shape[channel_axis]
+    return 2.0**-8 * np.abs(_reference(dy, channel_axis)) + rows * 2.0**-24 * d.sum(axis=axes)
+
+
+def test_tensorflows_bfloat16_bias_gradient_stops_at_256_and_its_sum_does_not():
+    # What the rule fixes, and what its "sum" kernel rests on.
+    ones = tf.ones([16384, 4], tf.bfloat16)
+    np.testing.assert_array_equal(tf.raw_ops.BiasAddGrad(out_backprop=ones).numpy(), [256] * 4)
+    np.testing.assert_array_equal(tf.reduce_sum(tf.ones([65536, 4], tf.bfloat16), 0).numpy(), [65536] * 4)
+    np.testing.assert_array_equal(bias_add.bias_gradient(ones, -1).numpy(), [16384] * 4)
+
+
+@pytest.mark.parametrize("method", bias_add.METHODS)
+@pytest.mark.parametrize("shape,axis", [((65536, 8), -1), ((32, 16, 16, 24), -1), ((4096, 2048), -1),
+                                        ((64, 12, 100), 1)], ids=["rows", "nhwc", "wide", "channels_first"])
+def test_bias_gradient_matches_float64(method, shape, axis):
+    if method == "matmul" and not NATIVE_BF16:
+        pytest.skip("the matmul kernel is chosen only where oneDNN runs bfloat16 natively")
+    rng = np.random.default_rng(0)
+    # A mean far from zero: a bfloat16 running sum stalls early on such values.
+    dy = tf.cast(rng.standard_normal(shape) + 3.0, tf.bfloat16)
+    got = np.asarray(tf.cast(bias_add.bias_gradient(dy, axis, method), tf.float64))
+    ref = _reference(dy, axis)
+    assert np.all(np.abs(got - ref) <= _bound(dy, axis)), np.max(np.abs(got - ref) / _bound(dy, axis))
+    stock = np.asarray(tf.cast(tf.raw_ops.BiasAddGrad(
+        out_backprop=dy, data_format="NHWC" if axis == -1 else "NCHW"), tf.float64))
+    assert np.any(np.abs(stock - ref) > _bound(dy, axis))  # guard: stock's kernel fails the same bound
+
+
+def test_method_follows_the_device():
+    cpu = dict(cpu_model="x", onednn_enabled=True)
+    assert bias_add.method_for(hardware.DeviceInfo(cpu_flags={"avx512_bf16"}, **cpu)) == "matmul"
+    assert bias_add.method_for(hardware.DeviceInfo(cpu_flags={"amx_bf16"}, **cpu)) == "matmul"
+    assert bias_add.method_for(hardware.DeviceInfo(cpu_flags={"avx2"}, **cpu)) == "sum"
+    assert bias_add.method_for(hardware.DeviceInfo(cpu_flags={"avx512_bf16"}, onednn_enabled=False)) == "sum"
+    gpu = hardware.GpuInfo(name="A100", compute_capability=(8, 0))
+    assert bias_add.method_for(hardware.DeviceInfo(gpus=(gpu,), cpu_flags={"avx512_bf16"}, **cpu)) == "float32"
+    assert bias_add.gradient_method() == bias_add.method_for(hardware.detect())
+
+
+def test_unknown_method_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"`method`.*method='fast'.*Allowed: matmul, sum, float32"):
+        bias_add.bias_gradient(tf.ones([4, 2], tf.bfloat16), -1, "fast")
+
+
+def _layer_gradients(layer, x, upstream, graph):
+    def f(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x)
+            loss = tf.reduce_sum(tf.cast(y, tf.float32) * upstream)
+        return [y] + tape.gradient(loss, [x, layer.bias])
+
+    f = tf.function(f) if graph else f
+    return [np.asarray(tf.cast(t, tf.float64)) for t in f(x)]
+
+
+LAYERS = {
+    "dense": (lambda: keras.layers.Dense(8), (32, 40, 16)),
+    "conv2d": (lambda: keras.layers.Conv2D(8, 3, padding="same"), (32, 24, 24, 4)),
+    "einsum_dense": (lambda: keras.layers.EinsumDense("btc,cd->btd", output_shape=(40, 8), bias_axes="d"),
+                     (32, 40, 16)),
+}
+
+
+@pytest.mark.parametrize("graph", [True, False], ids=["graph", "eager"])
+@pytest.mark.parametrize("name", LAYERS)
+def test_layer_bias_gradient_matches_float64_where_stock_is_far_off(name, graph):
+    make, shape = LAYERS[name]
+    rng = np.random.default_rng(1)
+    x = tf.constant(rng.standard_normal(shape), tf.float32)
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    keras.utils.set_random_seed(0)
+    layer = make()
+    layer.build(shape)
+    upstream = tf.constant(rng.standard_normal(layer.compute_output_shape(shape)) + 2.0, tf.float32)
+    stock = _layer_gradients(layer, x, upstream, graph)
+    keras_amp.enable("mixed_bfloat16")
+    ours = _layer_gradients(layer, x, upstream, graph)
+    for a, b in zip(stock[:2], ours[:2]):  # the output and the input's gradient: stock's, bit for bit
+        np.testing.assert_array_equal(a, b)
+    dy = tf.cast(upstream, tf.bfloat16)  # the gradient reaching the bias add
+    ref = _reference(dy, -1)
+    assert np.all(np.abs(ours[2] - ref) <= _bound(dy, -1)), np.max(np.abs(ours[2] - ref) / _bound(dy, -1))
+    assert np.max(np.abs(stock[2] - ref) / np.abs(ref)) > 0.5  # guard: stock is far off
+
+
+def test_channels_first_add_and_xla():
+    rng = np.random.default_rng(2)
+    x = tf.cast(rng.standard_normal((64, 12, 100)), tf.bfloat16)  # a bias along axis 1 (Keras: NCHW)
+    bias = tf.cast(rng.standard_normal(12), tf.bfloat16)
+    upstream = tf.cast(rng.standard_normal((64, 12, 100)) + 2.0, tf.bfloat16)
+
+    def f(x, bias):
+        with tf.GradientTape() as tape:
+            tape.watch(bias)
+            y = keras.ops.add(x, bias)
+        return y, tape.gradient(y, bias, output_gradients=upstream)
+
+    stock_y, _ = tf.function(f)(x, bias)
+    keras_amp.enable("mixed_bfloat16")
+    for jit in (False, True):
+        y, grad = tf.function(f, jit_compile=jit)(x, bias)
+        np.testing.assert_array_equal(y.numpy(), stock_y.numpy())
+        got = np.asarray(tf.cast(grad, tf.float64))
+        assert np.all(np.abs(got - _reference(upstream, 1)) <= _bound(upstream, 1)), jit
+
+
+def test_fit_trains_the_bias_on_its_whole_gradient():
+    # mean(y) over 16384 x 4 outputs: each bias's gradient is 1/4 exactly; stock's stops at 256 rows.
+    x = np.zeros((16384, 3), np.float32)
+
+    def bias_after_one_step():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, kernel_initializer="zeros")])
+        model.compile(optimizer=keras.optimizers.SGD(1.0), loss=lambda y, p: keras.ops.mean(p))
+        model.fit(x, x[:, :1], batch_size=16384, epochs=1, verbose=0)
+        return model.layers[-1].bias.numpy()
+
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    stock = bias_after_one_step()
+    keras_amp.enable("mixed_bfloat16")
+    ours = bias_after_one_step()
+    np.testing.assert_allclose(ours, [-0.25] * 4, rtol=2.0**-8)
+    np.testing.assert_allclose(stock, [-0.25 * 256 / 16384] * 4, rtol=2.0**-8)  # stock: 1/64 of it
+
+
+def test_other_adds_are_the_original():
+    keras_amp.enable("mixed_bfloat16")
+
+    @tf.function
+    def ops_of(x, b):
+        with tf.GradientTape() as tape:
+            tape.watch(b)
+            y = keras.ops.add(x, b)
+        tape.gradient(y, b)
+        return y
+
+    def types(x, b):
+        return {op.type for op in ops_of.get_concrete_function(x, b).graph.get_operations()}
+
+    for dtype in ("float16", "float32"):  # their kernel accumulates in float32
+        assert "BiasAddGrad" in types(tf.ones([8, 4], dtype), tf.ones([4], dtype)), dtype
+    bf16 = types(tf.ones([8, 4], tf.bfloat16), tf.ones([4], tf.bfloat16))
+    assert "BiasAdd" in bf16 and "BiasAddGrad" not in bf16
+    # Not a bias: a broadcast add keeps TF's AddV2 and its Sum gradient.
+    other = types(tf.ones([8, 4, 4], tf.bfloat16), tf.ones([4, 4], tf.bfloat16))
+    assert "AddV2" in other and "BiasAdd" not in other
+
+
+def test_sparse_and_unknown_rank_adds_are_kerass():
+    keras_amp.enable("mixed_bfloat16")
+    sparse = tf.SparseTensor([[0, 1], [2, 3]], tf.constant([1.0, 2.0], tf.bfloat16), [3, 4])
+    dense = keras.ops.add(sparse, tf.ones([3, 4], tf.bfloat16))
+    np.testing.assert_array_equal(tf.convert_to_tensor(dense).numpy()[[0, 2], [1, 3]], [2.0, 3.0])
+
+    @tf.function(input_signature=[tf.TensorSpec(None, tf.bfloat16), tf.TensorSpec([4], tf.bfloat16)])
+    def unknown_rank(x, b):
+        return keras.ops.add(x, b)
+
+    with pytest.raises(ValueError, match="unknown rank"):  # Keras's own error, as without the rule
+        unknown_rank(tf.ones([2, 4], tf.bfloat16), tf.ones([4], tf.bfloat16))
