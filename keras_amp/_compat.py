@@ -130,6 +130,7 @@ PINS: tuple[Pin, ...] = (
     Pin("keras.src.backend.tensorflow.nn._apply_masks", "002efd810c138eeb", (OP_ATTENTION,)),
     Pin("keras.src.backend.tensorflow.numpy.matmul", "9f471e0ba26e3c20", (OP_MATMUL,)),
     Pin("keras.src.backend.tensorflow.numpy.add", "1653b2b6aa63cb40", (OP_RULES,)),
+    Pin("keras.src.backend.tensorflow.core.cast", "844aea66b0364ca4", (OP_RULES,)),
     Pin("keras.src.layers.layer.Layer.__call__", "4fb7e42e4ffd9b1a", (OP_ATTENTION, OP_MATMUL, FLOAT32_LAYERS, ATTRIBUTION,)),
     Pin("keras.src.layers.layer.Layer._open_name_scope", "9197bac9543ef95a", (OP_ATTENTION, OP_MATMUL,)),
     Pin("keras.src.backend.tensorflow.core.name_scope", "bff9a1de6e491b0d", (OP_ATTENTION, OP_MATMUL,)),

@@ -12,6 +12,8 @@ Modules:
         copies, for the backward pass.
     dropout: 16-bit inputs' keep masks from half the random words (speed).
     bias_add: bfloat16 bias gradients summed with float32 accumulation (TF's CPU kernel sums in bfloat16).
+    fused_batch_norm: batch normalisation of an upcast 16-bit activation as TensorFlow's fused kernels
+        (speed, CPU), and the round-trip cast.
     attention: float32 attention scores in MultiHeadAttention and `ops.dot_product_attention`.
     dataflow: attention scores and normalisation statistics found by what the traced graph
         computes (a matmul of two activations feeding a softmax; a root of a mean of squares),

@@ -36,6 +36,7 @@ from keras_amp.op_rules.float32_ops import (
     float32_probabilities,
     float32_root,
 )
+from keras_amp.op_rules.fused_batch_norm import fused_batch_normalization, fused_moments, round_trip_cast
 from keras_amp.op_rules.upcast_recompute import (
     upcast_recompute_batch_normalization,
     upcast_recompute_gelu,
@@ -49,6 +50,7 @@ from keras_amp.op_rules.matmul import matmul16
 from keras_amp.op_rules.silu import graph_freeing_silu
 from keras_amp.op_rules.table import (
     ADD,
+    CAST,
     DPA,
     LAYER_CALL,
     LAYER_OPEN_SCOPE,
@@ -72,8 +74,10 @@ _FACTORIES: dict[str, Callable | None] = {
     "keras.src.backend.tensorflow.math.logsumexp": float32_input_dtype,
     MHA_COMPUTE: mha_attention_rule,
     MHA_CALL: None,
-    f"{TF_NN}.batch_normalization": lambda f: upcast_recompute_batch_normalization(float32_batch_normalization(f)),
-    f"{TF_NN}.moments": upcast_recompute_moments,
+    f"{TF_NN}.batch_normalization": lambda f: fused_batch_normalization(
+        upcast_recompute_batch_normalization(float32_batch_normalization(f))),
+    f"{TF_NN}.moments": lambda f: fused_moments(upcast_recompute_moments(f)),
+    CAST: round_trip_cast,
     f"{_OPS_NN}._layer_normalization": upcast_recompute_layer_normalization,
     f"{_OPS_NN}._normalize": float32_input_dtype,
     "keras.src.backend.tensorflow.numpy.std": float32_input_dtype,

@@ -66,6 +66,9 @@ LEAN = (
 )
 MATMUL = "keras.src.backend.tensorflow.numpy.matmul"
 ADD = "keras.src.backend.tensorflow.numpy.add"
+CAST = "keras.src.backend.tensorflow.core.cast"
+FUSED_BATCH_NORM_OP = "moments and batch_normalization of an upcast 16-bit activation (BatchNormalization)"
+ROUND_TRIP_CAST_OP = "cast of an exact float32 upcast back to its 16-bit dtype"
 BIAS_GRADIENT_OP = "bias add (Dense, EinsumDense, convolution biases: `add` of a channel vector), backward pass"
 MATMUL16_OP = "matmul in a layer with a Matmul16DTypePolicy (the \"rnn\" recipe's recurrences)"
 UNAUTOCAST_WEIGHT_OP = "matmul of a 16-bit activation by a weight read without autocasting"
@@ -137,6 +140,17 @@ RULES: tuple[Rule, ...] = (
          (f"{TF_NN}.batch_normalization",),
          "x*inv - mean*inv cancels catastrophically in 16 bits when |mean| >> std; float32 "
          "statistics with 16-bit x are accepted (stock raises on mixed dtypes). " + LEAN),
+    Rule(FUSED_BATCH_NORM_OP, "", "float32", "input dtype", BOTH, "keras_amp",
+         (f"{TF_NN}.moments", f"{TF_NN}.batch_normalization"),
+         "speed, the same float32 arithmetic: in graph mode on a CPU, channels last, the moments over every "
+         "axis but the last and the normalisation with per-channel statistics (the batch's, or moving ones) "
+         "run as TensorFlow's FusedBatchNormV3 and FusedBatchNormGradV3 on the 16-bit tensor itself "
+         "(float32 statistics and arithmetic, y rounded once) instead of float32 ops over float32 copies; "
+         "channels first, GPUs and TPUs keep the rows below"),
+    Rule(ROUND_TRIP_CAST_OP, "", "compute dtype", "input dtype", BOTH, "keras_amp", (CAST,),
+         "speed: in graph mode `cast(cast(x16, float32), x16.dtype)` is x16 itself, the same values and "
+         "gradient without two passes over the activation (Keras casts a normalisation's float32 result "
+         "back to the compute dtype)"),
     Rule("moments", "normalization", "float32", "input dtype", BOTH, "keras_amp", (f"{TF_NN}.moments",),
          "Keras casts 16-bit inputs to float32 (its float16 variance is clipped at 65504); the "
          "rule computes the same ops. " + LEAN),

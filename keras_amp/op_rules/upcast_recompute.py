@@ -77,7 +77,7 @@ def backward_scope() -> str:
     return f"gradient_tape/{scope}/" if scope else "gradient_tape/"
 
 
-def _in_scope(scope: str) -> Callable:
+def in_scope(scope: str) -> Callable:
     """Decorator: the gradient function runs in name scope `scope` (see `backward_scope`)."""
 
     def wrap(fn):
@@ -120,7 +120,7 @@ def _float32_moments(x: tf.Tensor, x16: tf.Tensor, axes: list[int], keepdims: bo
     def moments(x):
         mean, variance = tf.nn.moments(x, axes, keepdims=True)
 
-        @_in_scope(scope)
+        @in_scope(scope)
         def grad(d_mean, d_variance):
             # d mean / dx = 1/n; d var / dx = 2 (x - mean) / n (the mean's own dependence on x
             # contributes sum(x - mean) = 0).
@@ -180,7 +180,7 @@ def _float32_batch_normalization(x, x16, mean, variance, offset, scale, epsilon)
         for t in (mean, variance, *params):
             per_channel = tf.broadcast_static_shape(per_channel, t.shape)
 
-        @_in_scope(scope)
+        @in_scope(scope)
         def grad(dy):
             # y = (x - mean) * r * scale + offset, r = (variance + epsilon) ** -1/2.
             # Four full-size ops (the upcast, x - mean, its product with dy, dy * inv) and two
@@ -244,7 +244,7 @@ def _float32_layer_normalization(x, x16, gamma, beta, axes, epsilon):
         shift = -mean * scaled if beta is None else -mean * scaled + beta
         y = x * scaled + shift
 
-        @_in_scope(scope)
+        @in_scope(scope)
         def grad(dy):
             r = tf.math.rsqrt(variance + epsilon)
             x_hat = (recompute_upcast(x16, dy) - mean) * r
@@ -307,7 +307,7 @@ def _float32_sparse_cross_entropy(labels: tf.Tensor, logits: tf.Tensor, logits16
     def cross_entropy(logits):
         loss, _ = _kernel(logits)
 
-        @_in_scope(scope)
+        @in_scope(scope)
         def grad(d_loss):
             _, backprop = _kernel(recompute_upcast(logits16, d_loss))
             # TensorFlow's own gradient: d_loss[..., None] * backprop.
@@ -372,7 +372,7 @@ def upcast_recompute_gelu(original: Callable, *, xla_scores: bool = True) -> Cal
             else:
                 y = tf.cast(original(tf.cast(x, tf.float32), approximate=approximate), out_dtype)
 
-            @_in_scope(scope)
+            @in_scope(scope)
             def grad(dy):
                 if backward is not None:
                     return backward(x16, tf.cast(dy, out_dtype), approximate)

@@ -18,7 +18,7 @@ import tensorflow as tf
 import keras_amp
 from keras_amp import op_rules
 from keras_amp.diagnostics import saved_activations
-from keras_amp.op_rules import installer, upcast_recompute
+from keras_amp.op_rules import fused_batch_norm, installer, upcast_recompute
 
 pytestmark = [pytest.mark.filterwarnings("ignore:mixed_.* requested:keras_amp.AmpWarning"), pytest.mark.usefixtures("no_op_rules")]
 
@@ -28,12 +28,21 @@ DTYPES = [pytest.param(tf.bfloat16, id="bfloat16"), pytest.param(tf.float16, id=
 ROUNDING = {tf.bfloat16: 2.0**-8, tf.float16: 2.0**-11}
 
 
+@pytest.fixture
+def unfused(monkeypatch):
+    """The fused batch-norm rule off (as on a GPU), so a BatchNormalization layer runs the rules here."""
+    monkeypatch.setattr(fused_batch_norm, "available", lambda: False)
+
+
 def _original(name):
     return installer.ORIGINALS[name]
 
 
 def _replacement(name):
-    return installer._REPLACEMENTS[True][name]  # built with xla_scores=True, the default
+    # Built with xla_scores=True, the default; the upcast-recompute rule under the fused batch-norm rule
+    # (tests/op_rules/test_fused_batch_norm.py), which takes its own cases first.
+    rule = installer._REPLACEMENTS[True][name]
+    return getattr(rule, "unfused", rule)
 
 
 def _data(shape, dtype, loc=0.0, scale=1.0, seed=0):
@@ -125,7 +134,7 @@ def test_moments_are_keras_and_gradients_match_float64(dtype, upcast, keepdims):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("masked", [False, True])
-def test_batch_normalization_layer_trains_as_stock_and_gradients_match_float64(dtype, masked):
+def test_batch_normalization_layer_trains_as_stock_and_gradients_match_float64(dtype, masked, unfused):
     policy = {tf.bfloat16: "mixed_bfloat16", tf.float16: "mixed_float16"}[dtype]
     x, x64 = _data((8, 5, 6), dtype, loc=20.0, scale=4.0, seed=7)
     mask = tf.constant(np.random.default_rng(8).random((8, 5)) > 0.3) if masked else None
@@ -379,7 +388,7 @@ def _full_size_ops(model, x):
     )
 
 
-def test_batch_normalization_step_has_at_most_two_full_size_ops_more_than_stocks():
+def test_batch_normalization_step_has_at_most_two_full_size_ops_more_than_stocks(unfused):
     # The recomputation costs two upcasts (moments' gradient and the normalisation's), and saves
     # as many elsewhere: every per-channel factor multiplies a reduced sum. With a full-size
     # product per factor (32 full-size kernels in this step against stock's 27) the lean step
