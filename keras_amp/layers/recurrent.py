@@ -26,7 +26,7 @@ from keras import ops
 
 from keras_amp import model_graph, validation
 from keras_amp.layers import arguments
-from keras_amp.numerics.islands import cast_weight, float32_value
+from keras_amp.numerics.islands import float32_value, weight_matmul
 
 # Keras version the `call` override below was copied from.
 KERAS_VERSION = "3.15.1"
@@ -41,15 +41,19 @@ def _masked(x, mask):
     return x * ops.cast(mask, x.dtype)
 
 
-def _project(x, kernel, mask, n):
-    """x @ kernel in x's dtype, per gate when there is one dropout mask per gate."""
+def _project(x, kernel, mask, n, dtype):
+    """x @ kernel in `dtype` (x in it), per gate when there is one dropout mask per gate.
+
+    `kernel` is the float32 variable: in the time loop it is cast once, before the loop, and its
+    gradient summed over the steps in float32 (`numerics.islands.weight_matmul`)."""
     x = _masked(x, mask)
     if isinstance(x, list):
+        width = kernel.shape[1] // n
         return ops.concatenate(
-            [ops.matmul(xi, k) for xi, k in zip(x, ops.split(kernel, n, axis=1))],
+            [weight_matmul(xi, kernel, dtype, slice(j * width, (j + 1) * width)) for j, xi in enumerate(x)],
             axis=-1,
         )
-    return ops.matmul(x, kernel)
+    return weight_matmul(x, kernel, dtype)
 
 
 def _f32(x):
@@ -108,8 +112,8 @@ class LSTMCell(arguments.CheckedArguments, keras.layers.LSTMCell):
         # Matmuls in the compute dtype (the speed of mixed precision); their
         # sums, the bias and everything after in float32: sigmoid saturation and
         # c = f * c + i * g need float32 resolution over many steps.
-        z = _f32(_project(inputs, cast_weight(self.kernel, dtype), dp_mask, 4))
-        z = z + _f32(_project(h_tm1, cast_weight(self.recurrent_kernel, dtype), rec_mask, 4))
+        z = _f32(_project(inputs, self.kernel, dp_mask, 4, dtype))
+        z = z + _f32(_project(h_tm1, self.recurrent_kernel, rec_mask, 4, dtype))
         if self.use_bias:
             z = z + float32_value(self.bias)
         z_i, z_f, z_c, z_o = ops.split(z, 4, axis=-1)
@@ -154,35 +158,33 @@ class GRUCell(arguments.CheckedArguments, keras.layers.GRUCell):
             if training and 0.0 < self.recurrent_dropout < 1.0
             else None
         )
-        kernel = cast_weight(self.kernel, dtype)
-        recurrent_kernel = cast_weight(self.recurrent_kernel, dtype)
         units = self.units
         if self.use_bias:
             bias = float32_value(self.bias)
             input_bias, recurrent_bias = (bias[0], bias[1]) if self.reset_after else (bias, None)
         # Matmuls in the compute dtype; gates, bias and the state mix in float32
         # (h = z * h + (1 - z) * hh accumulates over steps like an LSTM's c).
-        x = _f32(_project(inputs, kernel, dp_mask, 3))
+        x = _f32(_project(inputs, self.kernel, dp_mask, 3, dtype))
         if self.use_bias:
             x = x + input_bias
         x_z, x_r, x_h = ops.split(x, 3, axis=-1)
         h_gates = _masked(h_tm1_c, rec_mask)
         h_z, h_r, h_h = h_gates if isinstance(h_gates, list) else [h_gates] * 3
-        k_z, k_r, k_h = ops.split(recurrent_kernel, 3, axis=1)
-        rec_z = _f32(ops.matmul(h_z, k_z))
-        rec_r = _f32(ops.matmul(h_r, k_r))
+        k_z, k_r, k_h = (slice(j * units, (j + 1) * units) for j in range(3))  # recurrent kernel's columns
+        rec_z = _f32(weight_matmul(h_z, self.recurrent_kernel, dtype, k_z))
+        rec_r = _f32(weight_matmul(h_r, self.recurrent_kernel, dtype, k_r))
         if self.reset_after and self.use_bias:
             rec_z = rec_z + recurrent_bias[:units]
             rec_r = rec_r + recurrent_bias[units : 2 * units]
         z = self.recurrent_activation(x_z + rec_z)
         r = self.recurrent_activation(x_r + rec_r)
         if self.reset_after:
-            rec_h = _f32(ops.matmul(h_h, k_h))
+            rec_h = _f32(weight_matmul(h_h, self.recurrent_kernel, dtype, k_h))
             if self.use_bias:
                 rec_h = rec_h + recurrent_bias[2 * units :]
             rec_h = r * rec_h
         else:
-            rec_h = _f32(ops.matmul(ops.cast(r * _f32(h_h), dtype), k_h))
+            rec_h = _f32(weight_matmul(ops.cast(r * _f32(h_h), dtype), self.recurrent_kernel, dtype, k_h))
         hh = self.activation(x_h + rec_h)
         h = z * h_tm1 + (1.0 - z) * hh
         new_state = [h] if keras.tree.is_nested(states) else h

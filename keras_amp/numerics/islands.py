@@ -79,9 +79,10 @@ def cast_weight(x, dtype):
     An RNN's cell reads its kernels at every step of its `tf.while_loop`: cast there, the 16-bit
     copy is made at every step and, for the backward pass, kept once per step (64 steps of a
     2x256-unit LSTM: ~100 MiB; stock's autocast does the same). Cast in the graph around the
-    loop, it is one loop-invariant tensor the body captures; TensorFlow's while-loop gradient
-    sums its gradient over the steps, as for any captured tensor. A layer's weights do not
-    change during its own call.
+    loop, it is one loop-invariant tensor the body captures. TensorFlow's while-loop gradient
+    sums a captured tensor's gradient over the steps in that tensor's dtype, 16 bits here: a
+    matmul by a loop weight goes through `weight_matmul`, which sums it in float32. A layer's
+    weights do not change during its own call.
     """
     if not isinstance(x, keras.Variable):
         return tf.cast(x, dtype)
@@ -90,3 +91,41 @@ def cast_weight(x, dtype):
         return tf.cast(float32_value(x), dtype)
     with outer.as_default():
         return tf.cast(float32_value(x), dtype)
+
+
+def weight_matmul(x, weight, dtype, columns=None, matmul=tf.matmul):
+    """`x @ cast(weight[:, columns], dtype)` in `dtype` (`x` already in it); `columns` a `slice`.
+
+    In an RNN's time loop (`weight` a Keras variable) the float32 read, the column slice and the
+    16-bit cast are made once, before the loop (as `cast_weight`), and the weight's gradient is
+    summed over the steps in float32: each step's 16-bit `x^T dy` is upcast and added to a float32
+    sum. Summed in 16 bits (TensorFlow's sum for the captured 16-bit copy), a bfloat16 sum of
+    ones stops at 256, and a 256-step LSTM's kernel gradients end 3-4x further from float64
+    (tests/numerics/test_loop_weight_gradient.py). `matmul` computes the forward product.
+    """
+    outer = _rnn_loop_outer_graph() if isinstance(weight, keras.Variable) else None
+    if outer is None:
+        w = float32_value(weight) if isinstance(weight, keras.Variable) else weight
+        w = w if columns is None else w[:, columns]
+        return matmul(x, tf.cast(w, dtype))
+    with outer.as_default():
+        w32 = float32_value(weight)
+        w32 = w32 if columns is None else w32[:, columns]
+        w16 = tf.cast(w32, dtype)
+    return _float32_summed_matmul(x, w16, w32, matmul)
+
+
+def _float32_summed_matmul(x, w16, w32, matmul):
+    """`matmul(x, w16)`; the gradient goes to `x` (16-bit) and to `w32` (float32), none to `w16`."""
+
+    @tf.custom_gradient
+    def product(x, w16, w32):
+        def grad(dy):
+            dx = tf.matmul(dy, w16, transpose_b=True)
+            rows = tf.reshape(x, [-1, x.shape[-1]])
+            dw = tf.matmul(rows, tf.reshape(dy, [-1, dy.shape[-1]]), transpose_a=True)
+            return dx, None, tf.cast(dw, w32.dtype)
+
+        return matmul(x, w16), grad
+
+    return product(x, w16, w32)

@@ -8,8 +8,8 @@ policy, or is a float32 layer called inside one (an RNN's cell), and both operan
 floating tensors, it computes `cast(matmul(cast(a, 16-bit), cast(b, 16-bit)), float32)`: float32
 accumulation in the kernel, one rounding of the result to 16 bits, the same numbers as
 `keras_amp.layers.LSTM`'s matmuls. A weight read in an RNN's time loop is cast once, before the
-loop (`numerics.islands.cast_weight`). Every other matmul calls the original. The check runs
-while tracing, not at every step.
+loop, and its gradient summed over the steps in float32 (`numerics.islands.weight_matmul`).
+Every other matmul calls the original. The check runs while tracing, not at every step.
 
 Not reached: matmuls written as `einsum` (EinsumDense), convolutions (ConvLSTM cells), fused
 kernels (cuDNN: a float32 RNN layer on a GPU runs its cuDNN kernel in float32).
@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from keras_amp.dtypes import LOW_PRECISION
 from keras_amp.matmul16_policy import Matmul16DTypePolicy
-from keras_amp.numerics.islands import autocast_scope_dtype, calling_layers, cast_weight
+from keras_amp.numerics.islands import autocast_scope_dtype, calling_layers, cast_weight, weight_matmul
 from keras_amp.numerics.logits_matmul import float32_logits
 
 # Ops between a variable's read and a matmul operand that only move values (a tied head transposes).
@@ -108,6 +108,8 @@ def matmul16(original: Callable) -> Callable:
             return original(x1, x2)
         out_dtype = keras.backend.result_type(*dtypes)
         low = policy.matmul_dtype
+        if isinstance(x2, keras.Variable) and len(x2.shape) == 2:  # a cell's kernel: summed in float32 over steps
+            return tf.cast(weight_matmul(cast_weight(x1, low), x2, low, matmul=original), out_dtype)
         return tf.cast(original(cast_weight(x1, low), cast_weight(x2, low)), out_dtype)
 
     matmul.__name__ = matmul.__qualname__ = original.__name__
