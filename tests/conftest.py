@@ -2,6 +2,7 @@
 Keras session."""
 
 import os
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -19,13 +20,17 @@ from keras_amp.distribute import trainer_fix  # noqa: E402
 def restore_globals():
     saved_policy = keras.config.dtype_policy()
     saved_tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
+    start = time.perf_counter()
     yield
     keras_amp.disable()
     assert amp_policy.config() is None
     op_rules.uninstall()  # a test may install rules directly, without enable()
     keras.config.set_dtype_policy(saved_policy)
     tf.config.experimental.enable_tensor_float_32_execution(saved_tf32)
-    keras.backend.clear_session()
+    # A full garbage collection (clear_session's `free_memory`) scans TensorFlow's whole heap: a tenth of a
+    # second or more, most of a quick test's time. After a test under a second, Python's own collections
+    # suffice until the next longer test's full one.
+    keras.backend.clear_session(free_memory=time.perf_counter() - start > 1.0)
 
 
 @pytest.fixture
