@@ -13,7 +13,9 @@ import json
 import os
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from keras_amp_console import import_tensorflow_quietly  # noqa: E402
+
+import_tensorflow_quietly()  # the start-up banner filtered out; a TF_CPP_MIN_LOG_LEVEL the user set is kept
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

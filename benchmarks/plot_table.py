@@ -15,7 +15,10 @@ import statistics
 import sys
 import textwrap
 
-import workloads
+from keras_amp_console import import_tensorflow_quietly  # noqa: E402
+
+import_tensorflow_quietly()  # before workloads imports TensorFlow: its start-up banner filtered out
+import workloads  # noqa: E402
 
 # Colour by kind of configuration; variants ("amp_bf16+head32") get the lighter shade.
 _COLOURS = {"float32": "#6baed6", "stock": "#969696", "amp": "#fd8d3c"}

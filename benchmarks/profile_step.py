@@ -26,7 +26,9 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from keras_amp_console import import_tensorflow_quietly, quiet_tensorflow_by_default  # noqa: E402
+
+quiet_tensorflow_by_default()  # TensorFlow is imported in run_one, its banner filtered out there
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # Op type -> category. Types not listed are "other" (printed, so the table can grow).
@@ -114,6 +116,7 @@ def op_times(logdir: str) -> tuple[dict[str, float], dict[str, float]]:
 
 
 def run_one(workload: str, config: str, steps: int, smoke: bool) -> dict:
+    import_tensorflow_quietly()
     import keras  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
 

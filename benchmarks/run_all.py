@@ -36,6 +36,9 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import plot_table  # noqa: E402
+from keras_amp_console import import_tensorflow_quietly  # noqa: E402
+
+import_tensorflow_quietly()  # before workloads imports TensorFlow: its start-up banner filtered out
 import workloads  # noqa: E402
 
 # Targets of issue 10 (keras_amp vs stock mixed on the same model, this CPU).
