@@ -70,13 +70,12 @@ def train_epoch(trainer, epoch: int) -> dict[str, float]:
     settings, model, optimizer = trainer.settings, trainer.model, trainer.optimizer
     if id(trainer) not in _STEPS:
         writer = tf.summary.create_file_writer(os.path.join(trainer.log_dir, "logs"))
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-        _STEPS[id(trainer)] = (make_train_step(model, optimizer), writer, checkpoint)
-    train_step, writer, checkpoint = _STEPS[id(trainer)]
+        _STEPS[id(trainer)] = (make_train_step(model, optimizer), writer)
+    train_step, writer = _STEPS[id(trainer)]
     # "batch loss" is the last step's; "loss" and "accuracy" are means over the epoch so far, as in fit.
     bar = keras.utils.Progbar(settings.steps_per_epoch, verbose=settings.verbose, stateful_metrics=["batch loss"])
     losses, accuracies = [], []
-    for x, y in trainer.data.train.take(settings.steps_per_epoch):
+    for x, y in trainer.data.train_epoch(epoch).take(settings.steps_per_epoch):
         start = time.perf_counter()
         loss, accuracy = train_step(x, y)
         loss, accuracy = float(loss), float(accuracy)  # waits for the step: the time is the step's
@@ -93,8 +92,7 @@ def train_epoch(trainer, epoch: int) -> dict[str, float]:
         print("  loss scale {loss_scale:g}, overflows {overflow_count} ({consecutive_overflows} in a row), "
               "steps {total_steps} of which applied {applied_steps}".format(**logs))
     write_scalars(writer, logs, epoch, prefix="epoch_")
-    checkpoint.write(os.path.join(trainer.log_dir, "checkpoint", "ckpt"))
-    return logs
+    return logs  # the trainer checkpoints the model and the optimizer after each epoch (--resume)
 
 
 def main(argv):

@@ -126,7 +126,7 @@ def main(argv):
         except ImportError as e:
             sys.exit(f"{e}\nOr pass --plot_file='' to run the demo without its picture.")
     settings = flags.settings("cnn", "cnn", "demo")
-    results = compare.run(settings, [(FLAGS.policy, FLAGS.policy), ("float32", "float32")])
+    results = flags.run(settings, [(FLAGS.policy, FLAGS.policy), ("float32", "float32")])
     print("\n" + compare.summary(results))
     print(policy_line(results))
     if FLAGS.plot_file != "":

@@ -89,8 +89,9 @@ def test_example_offline_default_data(name, tmp_path):
     assert result["policy"] in ("mixed_bfloat16", "mixed_float16", "float32")
     assert result["timed_steps"] == 3  # the second epoch, after the first (warm-up)
     assert math.isfinite(result["eval_loss"]) and 0.0 <= result["eval_accuracy"] <= 1.0
-    # Six steps at lr 1e-2 on real text already beat the uniform-byte guess by a margin.
-    assert result["eval_loss"] < UNIFORM_BYTE_LOSS - 0.5, result
+    # Six steps at lr 1e-2 on real text already beat the uniform-byte guess by a margin; the LSTMs'
+    # is smaller (seeds 0-4: 0.32-0.47 nats below it).
+    assert result["eval_loss"] < UNIFORM_BYTE_LOSS - (0.25 if name == "rnn" else 0.5), result
     assert result["rss_above_baseline_mib"] > 0
     assert "check_model(" in result["check_model"] and "median step" in stdout
     assert_logged(result)

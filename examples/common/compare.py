@@ -12,6 +12,7 @@ import multiprocessing
 import time
 from typing import Any
 
+from common.resume import ResumeError
 from common.trainer import Settings, Trainer
 
 
@@ -21,7 +22,7 @@ def _child(conn, settings: Settings, policy: str, label: str) -> None:
     common.import_tensorflow_quietly()  # a spawned process: absl's app.run did not start it
     try:
         trainer = Trainer(settings, policy, label=label)
-        conn.send(("ready", None))
+        conn.send(("ready", trainer.start_epoch))
         while True:
             command, arg = conn.recv()
             if command == "epoch":
@@ -29,6 +30,8 @@ def _child(conn, settings: Settings, policy: str, label: str) -> None:
             else:
                 conn.send(("result", trainer.finish()))
                 return
+    except ResumeError as e:  # the parent reports it as its own (one line, no traceback)
+        conn.send(("resume_error", str(e)))
     except BaseException as e:  # report, then let the parent stop
         conn.send(("error", f"{type(e).__name__}: {e}"))
         raise
@@ -42,7 +45,7 @@ class _Remote:
         self.conn, child_conn = context.Pipe()
         self.process = context.Process(target=_child, args=(child_conn, settings, policy, label), daemon=True)
         self.process.start()
-        self._expect("ready")
+        self.start_epoch = self._expect("ready")
 
     def _expect(self, kind: str):
         try:
@@ -50,6 +53,8 @@ class _Remote:
         except EOFError:
             self.process.join(5)
             raise RuntimeError(f"{self.label} run died (exit code {self.process.exitcode})") from None
+        if got == "resume_error":
+            raise ResumeError(value)
         if got == "error":
             raise RuntimeError(f"{self.label} run failed: {value}")
         return value
@@ -82,8 +87,11 @@ def run(settings: Settings, configs: list[tuple[str, str]]) -> list[dict[str, An
             runs.extend(_Remote(context, settings, policy, label) for label, policy in configs)
         train_s = [0.0] * len(runs)
         order = list(range(len(runs)))
-        for epoch in range(settings.epochs):
+        # A resumed run starts after its last saved epoch (the twins may have saved different counts).
+        for epoch in range(min(r.start_epoch for r in runs), settings.epochs):
             for i in order if epoch % 2 == 0 else order[::-1]:
+                if epoch < runs[i].start_epoch:
+                    continue
                 print(f"[{runs[i].label}] epoch {epoch + 1}/{settings.epochs}", flush=True)
                 start = time.perf_counter()
                 runs[i].run_epoch(epoch)

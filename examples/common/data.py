@@ -13,8 +13,9 @@ Through tensorflow-datasets (downloaded on first use, so the network must be the
     imdb_reviews                       text classification (positive/negative), byte tokens
     mnist, fashion_mnist, cifar10      image classification
 
-Every training stream is cached, shuffled with the seed, repeated and batched: the same seed
-gives the same batches in every run, which is what the float32 comparison relies on.
+Every training stream is cached, shuffled, repeated and batched. Epoch e's stream is shuffled with
+a seed drawn from (seed, e): the same seed gives the same batches in every run and every process,
+which is what the float32 comparison and a resumed run (`--resume`) rely on.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import threading
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -56,12 +57,14 @@ class Data:
     Args:
         name: String. The data set name.
         task: String. "lm" (next-token prediction at every position) or "classify".
-        train: tf.data.Dataset. Infinite, shuffled, batched `(inputs, labels)`.
+        train: tf.data.Dataset. Infinite, shuffled, batched `(inputs, labels)`: epoch 0's stream.
         eval: tf.data.Dataset. Finite, batched `(inputs, labels)`.
         input_shape: Tuple. Shape of one example's inputs.
         input_dtype: String. "int32" (tokens) or "float32" (pixels).
         num_classes: Int. Vocabulary size (lm) or number of classes.
         source: String. Where the data came from, for people.
+        train_epoch: Callable. epoch -> that epoch's stream (`train` is `train_epoch(0)`); the
+            same batches for the same seed and epoch in every process.
     """
 
     name: str
@@ -72,6 +75,7 @@ class Data:
     input_dtype: str
     num_classes: int
     source: str
+    train_epoch: Callable[[int], tf.data.Dataset]
 
 
 def pydoc_text() -> str:
@@ -99,12 +103,26 @@ def _split_lm(window):
     return window[:-1], window[1:]
 
 
-def _stream(ds: tf.data.Dataset, batch_size: int, seed: int, size: int) -> tf.data.Dataset:
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The shuffle seed of epoch `epoch`'s stream: a function of (seed, epoch) only."""
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
+
+
+def _stream(ds: tf.data.Dataset, batch_size: int, seed: int, size: int) -> Callable[[int], tf.data.Dataset]:
+    """epoch -> that epoch's training stream: cache -> shuffle(epoch_seed) -> repeat -> batch.
+
+    Not one stream reshuffled per iterator: TensorFlow derives each new iterator's order from how many
+    were made before in this process, so a resumed run would replay epoch 0's batches.
+    """
     import tensorflow as tf
 
-    # cache -> shuffle(seed) -> repeat: a fixed, seeded order; cheap after the first pass.
-    return (ds.cache().shuffle(max(size, 1), seed=seed, reshuffle_each_iteration=True).repeat()
-            .batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
+    cached = ds.cache()
+
+    def for_epoch(epoch: int) -> tf.data.Dataset:
+        return (cached.shuffle(max(size, 1), seed=epoch_seed(seed, epoch), reshuffle_each_iteration=True).repeat()
+                .batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
+
+    return for_epoch
 
 
 def _lm_data(name: str, train_text: str, eval_text: str, source: str, *, seq_len: int,
@@ -113,10 +131,10 @@ def _lm_data(name: str, train_text: str, eval_text: str, source: str, *, seq_len
 
     train = _lm_windows(_byte_tokens(train_text), seq_len)
     held_out = _lm_windows(_byte_tokens(eval_text), seq_len)
-    train_ds = _stream(tf.data.Dataset.from_tensor_slices(train).map(_split_lm), batch_size, seed, len(train))
+    stream = _stream(tf.data.Dataset.from_tensor_slices(train).map(_split_lm), batch_size, seed, len(train))
     eval_ds = tf.data.Dataset.from_tensor_slices(held_out).map(_split_lm).batch(batch_size)
-    return Data(name, "lm", train_ds, eval_ds, (seq_len,), "int32", VOCAB,
-                f"{source}: {len(train)} training and {len(held_out)} held-out windows of {seq_len} bytes")
+    return Data(name, "lm", stream(0), eval_ds, (seq_len,), "int32", VOCAB,
+                f"{source}: {len(train)} training and {len(held_out)} held-out windows of {seq_len} bytes", stream)
 
 
 def _unreachable(host: str, port: int, timeout: float) -> str | None:
@@ -241,9 +259,9 @@ def _text_classes(name: str, *, seq_len: int, batch_size: int, seed: int, data_d
     if max_examples:
         train, held_out = train.take(max_examples), held_out.take(max_examples // 4 or 1)
     size = max_examples or 25_000
-    return Data(name, "classify", _stream(train.map(encode), batch_size, seed, size),
-                held_out.map(encode).batch(batch_size), (seq_len,), "int32", TFDS_TEXT_CLASSES[name],
-                f"tensorflow-datasets {name}: first {seq_len} bytes of each review")
+    stream = _stream(train.map(encode), batch_size, seed, size)
+    return Data(name, "classify", stream(0), held_out.map(encode).batch(batch_size), (seq_len,), "int32",
+                TFDS_TEXT_CLASSES[name], f"tensorflow-datasets {name}: first {seq_len} bytes of each review", stream)
 
 
 def _images(name: str, *, batch_size: int, seed: int, data_dir: str | None, max_examples: int | None) -> Data:
@@ -258,9 +276,9 @@ def _images(name: str, *, batch_size: int, seed: int, data_dir: str | None, max_
         train, held_out = train.take(max_examples), held_out.take(max_examples // 4 or 1)
     shape = tuple(train.element_spec["image"].shape)
     size = max_examples or 10_000
-    return Data(name, "classify", _stream(train.map(encode), batch_size, seed, size),
-                held_out.map(encode).batch(batch_size), shape, "float32", TFDS_IMAGE_CLASSES[name],
-                f"tensorflow-datasets {name}: images {shape}")
+    stream = _stream(train.map(encode), batch_size, seed, size)
+    return Data(name, "classify", stream(0), held_out.map(encode).batch(batch_size), shape, "float32",
+                TFDS_IMAGE_CLASSES[name], f"tensorflow-datasets {name}: images {shape}", stream)
 
 
 def load(name: str, *, seq_len: int = 128, batch_size: int = 32, seed: int = 0, data_dir: str | None = None,

@@ -49,6 +49,10 @@ def define(*, dataset: str = "pydoc", datasets=data_lib.DATASETS, epochs: int, b
     flags.DEFINE_string("model_dir", None,
                         "Checkpoints and TensorBoard logs go to <model_dir>/<example>/<run>/ (default: a new "
                         f"folder per run, {os.path.join(MODEL_DIR_BASE, '<example>', '<time>-<pid>')}).")
+    flags.DEFINE_bool("resume", False,
+                      "Continue the run in --model_dir after its last finished epoch: weights, optimizer state "
+                      "(loss scale and counters), logs and data order. Needs --model_dir and the flags the run "
+                      "started with; --epochs may grow.")
     flags.DEFINE_integer("seed", 0, "Random seed (weights and data order).")
     flags.DEFINE_integer("eval_steps", None, "Held-out batches to evaluate (default: all).", lower_bound=1)
     flags.DEFINE_integer("max_examples", None, "Training examples of a tfds classification set (default: all).",
@@ -84,6 +88,9 @@ def settings(family: str, recipe: str, name: str, **overrides):
     """`Settings` from the parsed flags, the data set on disk; runs go to `run_dir(name)`/<label>."""
     from common.trainer import Settings
 
+    if FLAGS.resume and not FLAGS.model_dir:
+        raise SystemExit("error: --resume needs --model_dir, the folder of the run to continue (without it each run "
+                         f"writes to a new folder under {os.path.join(MODEL_DIR_BASE, name)}).")
     prepare_data()
     values = dict(
         family=family, recipe=recipe, dataset=FLAGS.dataset, epochs=FLAGS.epochs, batch_size=FLAGS.batch_size,
@@ -91,9 +98,20 @@ def settings(family: str, recipe: str, name: str, **overrides):
         learning_rate=FLAGS.learning_rate, optimizer=FLAGS.optimizer, tier=None if FLAGS.tier == "none" else FLAGS.tier, seed=FLAGS.seed,
         model_dir=run_dir(name, FLAGS.model_dir), eval_steps=FLAGS.eval_steps,
         max_examples=FLAGS.max_examples, data_dir=FLAGS.data_dir, verbose=FLAGS.verbose,
-        show_plan=FLAGS.show_plan)
+        show_plan=FLAGS.show_plan, resume=FLAGS.resume)
     values.update(overrides)
     return Settings(**values)
+
+
+def run(run_settings, run_configs: list[tuple[str, str]]):
+    """`common.compare.run`, a checkpoint that --resume cannot continue reported in one line."""
+    from common import compare
+    from common.resume import ResumeError
+
+    try:
+        return compare.run(run_settings, run_configs)
+    except ResumeError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def configs() -> list[tuple[str, str]]:
@@ -108,7 +126,7 @@ def main(family: str, recipe: str, name: str, **overrides) -> int:
     """Trains as the flags say and prints the summary."""
     from common import compare
 
-    results = compare.run(settings(family, recipe, name, **overrides), configs())
+    results = run(settings(family, recipe, name, **overrides), configs())
     print(compare.summary(results), flush=True)
     write_results(results)
     return 0

@@ -16,6 +16,8 @@ import statistics
 import time
 from typing import Any, Callable
 
+from common import resume
+
 LOSS = "sparse_categorical_crossentropy"
 
 
@@ -43,6 +45,7 @@ class Settings:
     show_plan: bool = False
     custom_epoch: Callable | None = None  # a custom training loop (custom_loop.py); None: fit
     optimizer: str = "adam"  # or the lean tier: "lean", "lean_stochastic", "lean_none" (16-bit policies)
+    resume: bool = False  # continue from the last epoch saved in model_dir (common.resume)
 
 
 def _rss_kib(field: str) -> int | None:
@@ -191,23 +194,25 @@ class Trainer:
         self.optimizer = keras_amp.wrap(self._adam(settings), tier=settings.tier)
         self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         self.log_dir = os.path.join(settings.model_dir, label)
+        self.checkpoint_dir = os.path.join(self.log_dir, "checkpoint")
         self.timer = StepTimes()
         self.history: list[dict[str, float]] = []
         self.epoch_steps: list[int] = []
+        # Compiled in the custom loop too: `save_weights` then holds the optimizer's state (common.resume).
+        model.compile(optimizer=self.optimizer, loss=self.loss_fn, metrics=["accuracy"])
         if settings.custom_epoch is None:
-            model.compile(optimizer=self.optimizer, loss=self.loss_fn, metrics=["accuracy"])
-            self.callbacks = [
-                self.timer.callback,
-                *scalar_logs.callbacks(os.path.join(self.log_dir, "logs")),
-                keras.callbacks.ModelCheckpoint(os.path.join(self.log_dir, "checkpoint.weights.h5"),
-                                                save_weights_only=True),
-            ]
+            self.callbacks = [self.timer.callback, *scalar_logs.callbacks(os.path.join(self.log_dir, "logs"))]
             if isinstance(self.optimizer, keras_amp.LossScaleOptimizer):
                 # The loss scale and overflow counters: in TensorBoard beside the loss (see README).
                 self.callbacks.insert(1, keras_amp.callbacks.LossScaleMonitor(
                     log_dir=os.path.join(self.log_dir, "logs", "train") if scalar_logs.available() else None))
             self.callbacks.append(progress_bar())  # last, like Keras's own: it shows what the others logged
         self.report = keras_amp.check_model(model, loss=self.loss_fn)  # float32 CE from 16-bit logits: safe
+        self.run = resume.run_identity(settings, self.config.policy)
+        self.start_epoch = 0  # epochs already trained (a resumed run)
+        if settings.resume:
+            self.start_epoch, self.history = resume.restore(self.checkpoint_dir, model, self.optimizer, self.run,
+                                                            label, settings.epochs)
 
     def _adam(self, settings):
         """Keras's Adam, or under a 16-bit policy the lean tier `settings.optimizer` names."""
@@ -228,13 +233,14 @@ class Trainer:
             logs = settings.custom_epoch(self, epoch)
         else:
             # epochs=settings.epochs so Keras numbers the epoch "3/4"; _StopAfterEpoch ends the call.
-            history = self.model.fit(self.data.train, initial_epoch=epoch, epochs=settings.epochs,
+            history = self.model.fit(self.data.train_epoch(epoch), initial_epoch=epoch, epochs=settings.epochs,
                                      steps_per_epoch=settings.steps_per_epoch,
                                      callbacks=self.callbacks + [_StopAfterEpoch()], verbose=settings.verbose,
                                      shuffle=False)
             logs = {k: float(v[-1]) for k, v in history.history.items()}
         self.epoch_steps.append(len(self.timer.times) - before)
         self.history.append(logs)
+        resume.save(self.checkpoint_dir, self.model, epoch + 1, self.history, self.run)
         return logs
 
     def evaluate(self) -> dict[str, float]:
