@@ -27,6 +27,7 @@ from keras_amp import _compat
 
 _NAME = "KerasAmpCustomGradient"
 _ATTR = "_keras_amp_backward"
+_TRANSPARENT = "_keras_amp_transparent"
 _record_operation = _compat.original("tensorflow.python.eager.record.record_operation")
 
 
@@ -35,10 +36,23 @@ def _dispatch(op, *grads):
     return getattr(op, _ATTR)(*grads)
 
 
-def custom_gradient(f: Callable) -> Callable:
+def is_transparent(op: tf.Operation) -> bool:
+    """Whether `op` is the IdentityN of a `custom_gradient(transparent=True)` call."""
+    return op.type == "IdentityN" and getattr(op, _TRANSPARENT, False)
+
+
+def custom_gradient(f: Callable | None = None, *, transparent: bool = False) -> Callable:
     """Decorator like `tf.custom_gradient`: `f(*args)` returns `(result, grad_fn)`, where
     `grad_fn(*upstream)` (one upstream gradient per flattened result) returns the gradients of
-    `args`. See the module docstring for what differs and what is not supported."""
+    `args`. See the module docstring for what differs and what is not supported.
+
+    `transparent=True` (as `@custom_gradient(transparent=True)`) declares that `grad_fn` is the
+    gradient of the ops in `f`, only computed better (the bias rule's float32 sum): a graph rewrite
+    (the dataflow rules) may then look through the IdentityN (`is_transparent`) and rebuild those
+    ops with their own gradients. Any other custom gradient stops the walks, so it is never lost.
+    """
+    if f is None:
+        return functools.partial(custom_gradient, transparent=transparent)
     eager_version = tf.custom_gradient(f)
 
     @functools.wraps(f)
@@ -59,6 +73,8 @@ def custom_gradient(f: Callable) -> Callable:
         with graph.gradient_override_map({"IdentityN": _NAME}):
             outputs = tf.identity_n(flat + args)
         setattr(outputs[0].op, _ATTR, backward)
+        if transparent:
+            setattr(outputs[0].op, _TRANSPARENT, True)
         _record_operation(f.__name__, outputs, flat + args, backward)
         return tf.nest.pack_sequence_as(result, outputs[:count])
 

@@ -103,7 +103,7 @@ def float32_bias_gradient(original: Callable) -> Callable:
         data_format = "NHWC" if axis == -1 else "NCHW"
         channels = x1.shape[axis]
 
-        @custom_gradient
+        @custom_gradient(transparent=True)  # the dataflow walks may rebuild the bias add (scores + a key bias)
         def biased(x, bias):
             def grad(dy):
                 return dy, bias_gradient(dy, axis)

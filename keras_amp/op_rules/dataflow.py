@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from keras_amp.custom_gradient import is_transparent
 from keras_amp.numerics import attention as amp_attention
 from keras_amp.op_rules.table import LOW_PRECISION
 
@@ -50,7 +51,7 @@ SCORES_PATH = frozenset({
     "Cast", "Identity", "StopGradient", "Mul", "AddV2", "Add", "Sub", "RealDiv", "Neg", "Maximum",
     "Minimum", "SelectV2", "Select", "Tanh", "Reshape", "Transpose", "ExpandDims", "Squeeze",
     "GatherV2", "GatherNd", "StridedSlice", "Slice", "Tile", "BroadcastTo", "ConcatV2", "Pad",
-    "PadV2", "Pack",
+    "PadV2", "Pack", "BiasAdd",
 })
 REDUCTIONS = frozenset({"Mean", "Sum"})
 # A statistic's chain, as states: from the root's argument ("above": `+ eps`, a scale,
@@ -58,7 +59,7 @@ REDUCTIONS = frozenset({"Mean", "Sum"})
 # ("deviation") to a centring `x - mean`; then only to the value being normalised, which is
 # taken as it is (the residual stream, a projection: not part of the statistic).
 _PASS = frozenset({"Cast", "Identity", "StopGradient", "Reshape", "ExpandDims", "Squeeze"})
-_ABOVE = _PASS | {"AddV2", "Add", "Sub", "Mul", "RealDiv", "Maximum", "Minimum", "Square", "BroadcastTo"}
+_ABOVE = _PASS | {"AddV2", "Add", "BiasAdd", "Sub", "Mul", "RealDiv", "Maximum", "Minimum", "Square", "BroadcastTo"}
 _SQUARING = frozenset({"Square", "SquaredDifference", "Mul", "Abs", "Pow"})  # Pow: `x ** 2` (Gemma3n)
 # Ops whose 16-bit result changes a value (not a cast or a reshape): what makes a chain "16-bit".
 _VALUE_PRESERVING = _PASS | {"Transpose", "GatherV2", "GatherNd", "StridedSlice", "Slice", "Tile",
@@ -218,6 +219,9 @@ class _Walk:
             raise _TooLong
         self._reach[key] = False  # a graph has no cycles; this only bounds re-entry
         op = t.op
+        if is_transparent(op):  # keras_amp's own custom gradient over ops it may rebuild: output i is input i
+            self._reach[key] = self.reaches(op.inputs[t.value_index], state)
+            return self._reach[key]
         inner = _next_state(op.type, state) if t.dtype.is_floating else None
         if self._target(op, state) or (state == SCORES and _infinite_constant(t)):
             found = True
@@ -238,6 +242,9 @@ class _Walk:
         if key in self._built:
             return self._built[key]
         op = t.op
+        if is_transparent(op) and self._reach.get(key):
+            self._built[key] = self.build(op.inputs[t.value_index], state)
+            return self._built[key]
         inner = _next_state(op.type, state) if t.dtype.is_floating else None
         if self._target(op, state):
             result = _float32_matmul(op, self._xla_scores)

@@ -245,7 +245,7 @@ NOT_REACHED = (
     "traced graph, and an eager tensor has no producer to read; `fit`, `predict` and any "
     "`tf.function` trace. The softmax and normalisation rules still compute in float32 from the "
     "16-bit input; the audit traces a step and reports the QK^T it would run in 16 bits",
-    "score chains through ops outside the walk's list (a custom op, a `tf.while_loop` or "
+    "score chains through ops outside the walk's list (a custom op, a `tf.custom_gradient`, a `tf.while_loop` or "
     "another function call between the matmul and the softmax, a chain over 400 ops): left "
     "as written; the audit names the matmul in 16 bits. Roots written as `x ** -0.5` or "
     "`1 / x ** 0.5` are not recognised as statistics (the audit lists Pow in float16 as an "

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 import keras_amp
 from keras_amp import hardware
+from keras_amp.custom_gradient import custom_gradient
 from keras_amp.op_rules import bias_add
 
 pytestmark = pytest.mark.usefixtures("no_op_rules")
@@ -185,3 +186,80 @@ def test_sparse_and_unknown_rank_adds_are_kerass():
 
     with pytest.raises(ValueError, match="unknown rank"):  # Keras's own error, as without the rule
         unknown_rank(tf.ones([2, 4], tf.bfloat16), tf.ones([4], tf.bfloat16))
+
+
+def _key_bias_attention(q, k, key_bias, scale, custom=None):
+    """softmax(q k^T * scale + key_bias * scale): a learned bias per key, added with Keras's `add` (the bias
+    rule's bias add, on the scores' path); `custom` wraps the scores in a user's tf.custom_gradient first."""
+    s = keras.ops.multiply(keras.ops.einsum("bth,bsh->bts", q, k), scale)
+    if custom is not None:
+        s = custom(s)
+    return keras.ops.softmax(keras.ops.add(s, keras.ops.multiply(key_bias, scale)), axis=-1)
+
+
+def test_scores_are_found_through_the_bias_add_stock_rounds_them():
+    """The bias rule's custom gradient is transparent to the scores walk: QK^T + a key bias is a float32
+    chain (rebuilt with float32 gradients); 16-bit logits ~176 with differences ~1 are stock's error."""
+    from tests.helpers import np64, softmax  # noqa: PLC0415
+
+    rng = np.random.RandomState(0)
+    q, k = 300.0 + rng.choice([-2, 0, 2], (2, 5, 8)), 300.0 + rng.choice([-2, 0, 2], (2, 6, 8))
+    key_bias = np.array([0.0, 2.0, -2.0, 4.0, 0.0, 2.0])
+    scale = 1.0 / 4096
+    ref = softmax((np.einsum("bth,bsh->bts", q, k) + key_bias) * scale)
+    args = [tf.constant(a, tf.bfloat16) for a in (q, k, key_bias)]
+
+    def step(q, k, key_bias):
+        with tf.GradientTape() as tape:
+            tape.watch([q, key_bias])
+            p = _key_bias_attention(q, k, key_bias, scale)
+            loss = tf.reduce_sum(tf.cast(p, tf.float32) * tf.range(6, dtype=tf.float32))
+        return p, *tape.gradient(loss, [q, key_bias])
+
+    stock_p, *_ = tf.function(step)(*args)
+    keras_amp.enable("mixed_bfloat16")
+    graph = tf.function(step).get_concrete_function(*args).graph
+    assert "BiasAdd" in {op.type for op in graph.get_operations()}  # guard: the bias rule made the add
+    p, grad_q, grad_bias = tf.function(step)(*args)
+    assert np.abs(np64(stock_p) - ref).max() > 0.05  # stock: 8-bit logits lose their differences
+    np.testing.assert_allclose(np64(p), ref, atol=2 * 2.0**-8, rtol=0)  # ours: one rounding of p
+    # The gradients of the rebuilt chain against float64 (the upstream sum(p * [0..5]) through softmax).
+    g = ref * (np.arange(6) - (ref * np.arange(6)).sum(-1, keepdims=True))
+    ref_bias = g.sum((0, 1)) * scale
+    np.testing.assert_allclose(np64(grad_bias), ref_bias, atol=2.0**-8 * np.abs(ref_bias).max() + 1e-9, rtol=0)
+    ref_q = np.einsum("bts,bsh->bth", g, k) * scale
+    # The QK^T gradient matmuls take the logits' gradient in 16 bits (by design): a rounding of each g * k
+    # term, and the terms cancel (g sums to 0 over the keys).
+    bound = 2.0**-7 * np.einsum("bts,bsh->bth", np.abs(g), np.abs(k)) * scale
+    assert np.all(np.abs(np64(grad_q) - ref_q) <= bound), np.max(np.abs(np64(grad_q) - ref_q) / bound)
+
+
+def test_a_custom_gradient_not_declared_transparent_stops_the_walk():
+    """Only custom gradients declared transparent are looked through: any other (here keras_amp's own
+    `custom_gradient` without the declaration) is kept, so the scores under it are left as written and
+    its gradient runs."""
+    calls = []
+
+    @custom_gradient
+    def clipped(s):
+        def grad(dy):
+            calls.append(1)
+            return tf.clip_by_value(dy, -1.0, 1.0)
+
+        return tf.identity(s), grad
+
+    args = [tf.constant(np.full(shape, 3.0), tf.bfloat16) for shape in ((2, 5, 8), (2, 6, 8), (6,))]
+
+    def step(q, k, key_bias):
+        with tf.GradientTape() as tape:
+            tape.watch(q)
+            p = _key_bias_attention(q, k, key_bias, 0.125, custom=clipped)
+            loss = tf.reduce_sum(tf.cast(p, tf.float32) * tf.range(6, dtype=tf.float32))
+        return tape.gradient(loss, q)
+
+    keras_amp.enable("mixed_bfloat16")
+    graph = tf.function(step).get_concrete_function(*args).graph
+    assert calls  # its gradient was built into the step
+    einsums = [op for op in graph.get_operations() if op.type == "Einsum"]
+    assert einsums and all(op.outputs[0].dtype == tf.bfloat16 for op in einsums)  # left as written
+    assert not any(op.type in ("PartitionedCall", "StatefulPartitionedCall") for op in graph.get_operations())
