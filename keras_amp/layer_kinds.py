@@ -100,8 +100,11 @@ def normalization_dtype(layer: Any) -> str | None:
         return None  # never called on symbolic inputs (a subclassed model's or a composite's sublayer)
     if not isinstance(spec, keras.KerasTensor) or not keras.backend.is_float_dtype(spec.dtype):
         return None
+    # Without AutoGraph: half the tracing time (apply_recipe traces every such layer), and Keras's own
+    # symbolic call, which gave the layer its `input`, runs without it too.
+    signature = tf.TensorSpec(spec.shape, spec.dtype)
     try:
-        graph = tf.function(layer).get_concrete_function(tf.TensorSpec(spec.shape, spec.dtype)).graph
+        graph = tf.function(layer, autograph=False).get_concrete_function(signature).graph
     except Exception:  # noqa: BLE001 - a layer that cannot be traced alone gives no evidence
         return None
     return _root_of_mean_of_squares_dtype(graph.get_operations())
