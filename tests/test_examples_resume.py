@@ -98,3 +98,30 @@ def test_resume_without_a_checkpoint_starts_at_epoch_one(tmp_path):
     assert "--resume: no checkpoint in " in stdout and "training from epoch 1" in stdout, stdout
     assert result["timed_steps"] == 2 and json.loads(next((tmp_path / "new").rglob("state.json")).read_text())[
         "epochs_done"] == 1
+
+
+def test_twins_resumed_from_different_epochs_each_go_on_from_their_own(monkeypatch):
+    """--compare_float32 alternates the twins by epoch; a kill between their turns leaves one an epoch ahead."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    for name in ("TF_CPP_MIN_LOG_LEVEL", "KERAS_AMP_QUIET_TF"):  # importing `common` sets them; restored after
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+        if not os.environ[name]:
+            monkeypatch.delenv(name)
+    from common import compare  # noqa: PLC0415
+
+    calls = []
+
+    class Run:
+        def __init__(self, label, start_epoch):
+            self.label, self.start_epoch = label, start_epoch
+
+        def run_epoch(self, epoch):
+            calls.append((self.label, epoch))
+
+    compare.take_turns([Run("mixed", 2), Run("float32", 1)], 4)
+    assert calls == [("float32", 1), ("mixed", 2), ("float32", 2), ("float32", 3), ("mixed", 3)]
+    calls.clear()
+    compare.take_turns([Run("mixed", 4), Run("float32", 4)], 4)  # all trained: nothing to do
+    assert calls == []
+    for name in [n for n in sys.modules if n == "common" or n.startswith("common.")]:
+        del sys.modules[name]

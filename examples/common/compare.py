@@ -75,6 +75,23 @@ class _Remote:
             self.process.join(5)
 
 
+def take_turns(runs: list, epochs: int) -> list[float]:
+    """Trains `runs` up to `epochs` epochs, taking turns by epoch (the order alternating); returns each
+    run's training seconds. A resumed run starts after its last saved epoch (`start_epoch`): twins
+    killed between their turns have saved different counts, and each goes on from its own."""
+    train_s = [0.0] * len(runs)
+    order = list(range(len(runs)))
+    for epoch in range(min((r.start_epoch for r in runs), default=epochs), epochs):
+        for i in order if epoch % 2 == 0 else order[::-1]:
+            if epoch < runs[i].start_epoch:
+                continue
+            print(f"[{runs[i].label}] epoch {epoch + 1}/{epochs}", flush=True)
+            start = time.perf_counter()
+            runs[i].run_epoch(epoch)
+            train_s[i] += time.perf_counter() - start
+    return train_s
+
+
 def run(settings: Settings, configs: list[tuple[str, str]]) -> list[dict[str, Any]]:
     """Trains each `(label, policy)` for `settings.epochs` epochs; returns their results in order."""
     runs: list = []
@@ -85,17 +102,7 @@ def run(settings: Settings, configs: list[tuple[str, str]]) -> list[dict[str, An
         else:
             context = multiprocessing.get_context("spawn")
             runs.extend(_Remote(context, settings, policy, label) for label, policy in configs)
-        train_s = [0.0] * len(runs)
-        order = list(range(len(runs)))
-        # A resumed run starts after its last saved epoch (the twins may have saved different counts).
-        for epoch in range(min(r.start_epoch for r in runs), settings.epochs):
-            for i in order if epoch % 2 == 0 else order[::-1]:
-                if epoch < runs[i].start_epoch:
-                    continue
-                print(f"[{runs[i].label}] epoch {epoch + 1}/{settings.epochs}", flush=True)
-                start = time.perf_counter()
-                runs[i].run_epoch(epoch)
-                train_s[i] += time.perf_counter() - start
+        train_s = take_turns(runs, settings.epochs)
         results = [r.finish() for r in runs]
         for result, seconds in zip(results, train_s):
             result["train_s"] = seconds
