@@ -87,6 +87,9 @@ def test_resume_refuses_other_settings_and_a_missing_model_dir(tmp_path):
     assert "width: saved 16, now 32" in lines[0] and "only --epochs may change" in lines[0], lines[0]
     # Nothing was trained or overwritten.
     assert json.loads(next((tmp_path / "run").rglob("state.json")).read_text())["epochs_done"] == 1
+    # Without --resume the same folder is a new run, and it says what it replaces.
+    stdout, _ = finished("transformer", tmp_path / "run", "--epochs=1", "--policy=mixed_bfloat16")
+    assert "holds a checkpoint after epoch 1: this run starts over" in stdout, stdout
     out = subprocess.run([sys.executable, str(EXAMPLES / "cnn.py"), "--resume"], capture_output=True, text=True,
                          timeout=120, cwd=tmp_path)
     assert out.returncode == 1 and out.stderr.startswith("error: --resume needs --model_dir"), out.stderr[-2000:]

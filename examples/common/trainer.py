@@ -213,6 +213,9 @@ class Trainer:
         if settings.resume:
             self.start_epoch, self.history = resume.restore(self.checkpoint_dir, model, self.optimizer, self.run,
                                                             label, settings.epochs)
+        elif (saved := resume.load_state(self.checkpoint_dir)) is not None:
+            print(f"[{label}] {self.checkpoint_dir} holds a checkpoint after epoch {saved['epochs_done']}: this run "
+                  "starts over and replaces it after its first epoch (--resume continues it)", flush=True)
 
     def _adam(self, settings):
         """Keras's Adam, or under a 16-bit policy the lean tier `settings.optimizer` names."""
