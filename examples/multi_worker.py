@@ -30,7 +30,7 @@ from absl import flags as absl_flags
 
 from common import flags
 
-flags.define(epochs=2, batch_size=64, steps_per_epoch=20, seq_len=64, width=64, depth=2)
+flags.define(epochs=2, batch_size=64, steps_per_epoch=20, seq_len=64, width=64, depth=2, resumable=False)
 absl_flags.DEFINE_enum("model", "cnn", ["cnn", "transformer", "rnn"], "Model family (recipe of the same name).")
 absl_flags.DEFINE_integer("workers", 2, "Worker processes to launch locally.", lower_bound=1)
 absl_flags.DEFINE_bool("worker_mode", False, "Run as one worker (TF_CONFIG and --model_dir must be set).")

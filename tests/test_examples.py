@@ -203,6 +203,8 @@ def test_help_lists_the_examples_flags(name):
     for flag in expected:
         assert f"  {flag}: " in out.stdout or f"  --[no]{flag[2:]}: " in out.stdout, (flag, out.stdout)
     assert "--helpfull" in out.stdout and "--alsologtostderr" not in out.stdout  # ours, not absl's 100 lines
+    # multi_worker.py resumes through BackupAndRestore by itself: no --resume flag it would ignore.
+    assert ("--[no]resume:" in out.stdout) == (name not in ("multi_worker", "quickstart")), out.stdout
     assert out.stdout.count("\n") < 110, out.stdout
     assert seconds < 30, seconds  # TensorFlow is not imported for --help
 

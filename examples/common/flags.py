@@ -24,8 +24,10 @@ NAMES: tuple[str, ...] = ()  # the flags `define()` declared
 
 
 def define(*, dataset: str = "pydoc", datasets=data_lib.DATASETS, epochs: int, batch_size: int,
-           steps_per_epoch: int, seq_len: int = 128, width: int, depth: int, learning_rate: float = 1e-3) -> None:
-    """Defines the flags every example takes, with that example's defaults."""
+           steps_per_epoch: int, seq_len: int = 128, width: int, depth: int, learning_rate: float = 1e-3,
+           resumable: bool = True) -> None:
+    """Defines the flags every example takes, with that example's defaults; `--resume` where `resumable`
+    (multi_worker.py resumes through Keras's BackupAndRestore by itself)."""
     global NAMES
     before = set(FLAGS)
     flags.DEFINE_enum("policy", "auto", POLICIES, "Precision policy; auto picks by hardware.")
@@ -49,10 +51,11 @@ def define(*, dataset: str = "pydoc", datasets=data_lib.DATASETS, epochs: int, b
     flags.DEFINE_string("model_dir", None,
                         "Checkpoints and TensorBoard logs go to <model_dir>/<example>/<run>/ (default: a new "
                         f"folder per run, {os.path.join(MODEL_DIR_BASE, '<example>', '<time>-<pid>')}).")
-    flags.DEFINE_bool("resume", False,
-                      "Continue the run in --model_dir after its last finished epoch: weights, optimizer state "
-                      "(loss scale and counters), logs and data order. Needs --model_dir and the flags the run "
-                      "started with; --epochs may grow.")
+    if resumable:
+        flags.DEFINE_bool("resume", False,
+                          "Continue the run in --model_dir after its last finished epoch: weights, optimizer state "
+                          "(loss scale and counters), logs and data order. Needs --model_dir and the flags the run "
+                          "started with; --epochs may grow.")
     flags.DEFINE_integer("seed", 0, "Random seed (weights and data order).")
     flags.DEFINE_integer("eval_steps", None, "Held-out batches to evaluate (default: all).", lower_bound=1)
     flags.DEFINE_integer("max_examples", None, "Training examples of a tfds classification set (default: all).",
