@@ -248,7 +248,8 @@ def test_prepare_offline_raises_within_the_probe_timeout(common, tmp_path, monke
         data.prepare("cifar10", data_dir=str(tmp_path))
     assert time.perf_counter() - start < 5 and calls == [(("storage.googleapis.com", 443), data.PROBE_TIMEOUT_S)]
     # A resolver that never answers: the check gives up after PROBE_TIMEOUT_S, not the resolver's retries.
-    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: time.sleep(30))
+    # (It answers after 30 s, with a socket: the probe thread outlives the test and must end cleanly.)
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: time.sleep(30) or socket.socket())
     monkeypatch.setattr(data, "PROBE_TIMEOUT_S", 0.5)
     start = time.perf_counter()
     with pytest.raises(data.DataUnavailable, match=r"no answer within 0.5 s\). The offline default is --dataset=pydoc"):
