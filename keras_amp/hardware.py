@@ -42,6 +42,13 @@ WINDOWS_CPU_KEY = r"HARDWARE\DESCRIPTION\System\CentralProcessor\0"
 
 # The module TensorFlow 2.21 answers "built with oneDNN?" from; no public query exists.
 ONEDNN_QUERY = "tensorflow.python.util._pywrap_util_port"
+# oneDNN's instruction-set cap (its documented environment variables; the first set wins), and the
+# caps below AVX512_CORE_BF16, where it has no native bfloat16 kernels: AVX512_CORE emulates them, and
+# at AVX2_VNNI_2 and below TensorFlow 2.21 still sends bfloat16 matmuls to oneDNN, and the process dies
+# (an abort, oneDNN cannot create the primitive, or a segmentation fault; tested).
+ONEDNN_ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+ONEDNN_ISAS_ABORTING_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2")
+ONEDNN_ISAS_BELOW_BF16 = ONEDNN_ISAS_ABORTING_BF16 + ("AVX512_CORE", "AVX512_CORE_VNNI")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +90,8 @@ class DeviceInfo:
         cpu_flags: Set of strings (any iterable of strings but a single string), e.g.
             {"avx512_bf16"}. Defaults to none.
         onednn_enabled: Bool, or None when this TensorFlow build cannot tell. Defaults to False.
+        onednn_max_isa: String or None. oneDNN's instruction-set cap (`ONEDNN_MAX_CPU_ISA`), e.g.
+            "AVX2"; None (the default) where none is set.
     """
 
     gpus: tuple[GpuInfo, ...] = ()
@@ -90,6 +99,7 @@ class DeviceInfo:
     cpu_model: str = ""
     cpu_flags: frozenset[str] = frozenset()
     onednn_enabled: bool | None = False
+    onednn_max_isa: str | None = None
 
     def __post_init__(self):
         validation.check_type("gpus", self.gpus, (tuple, list), "a tuple of keras_amp.hardware.GpuInfo")
@@ -97,6 +107,7 @@ class DeviceInfo:
             validation.check_type(f"gpus[{i}]", gpu, GpuInfo, "a keras_amp.hardware.GpuInfo")
         tpu_count = validation.check_int("tpu_count", self.tpu_count, min_value=0)
         validation.check_type("cpu_model", self.cpu_model, str, "a string")
+        validation.check_type("onednn_max_isa", self.onednn_max_isa, (str, type(None)), "a string or None")
         validation.check_type("cpu_flags", self.cpu_flags, (set, frozenset, tuple, list), "a set of strings")
         for flag in self.cpu_flags:
             validation.check_type("cpu_flags", flag, str, "a set of strings")
@@ -115,7 +126,20 @@ class DeviceInfo:
     @property
     def cpu_fast_bfloat16(self) -> bool:
         """oneDNN runs bfloat16 matmuls/convs natively on AVX512-BF16 or AMX."""
-        return self.onednn_enabled is True and any(f in self.cpu_flags for f in BF16_CPU_FLAGS)
+        return (self.onednn_enabled is True and any(f in self.cpu_flags for f in BF16_CPU_FLAGS)
+                and not self.onednn_isa_below_bfloat16)
+
+    @property
+    def onednn_isa_below_bfloat16(self) -> bool:
+        """Whether `onednn_max_isa` keeps oneDNN below its bfloat16 kernels (`ONEDNN_ISAS_BELOW_BF16`)."""
+        return (self.onednn_max_isa or "").strip().upper() in ONEDNN_ISAS_BELOW_BF16
+
+    @property
+    def onednn_aborts_bfloat16(self) -> bool:
+        """Whether a bfloat16 matmul would kill the process: a CPU with bfloat16 instructions (so TF sends
+        bfloat16 to oneDNN), oneDNN on, and capped at AVX2_VNNI_2 or below (`ONEDNN_ISAS_ABORTING_BF16`)."""
+        return (self.onednn_enabled is True and any(f in self.cpu_flags for f in BF16_CPU_FLAGS)
+                and (self.onednn_max_isa or "").strip().upper() in ONEDNN_ISAS_ABORTING_BF16)
 
     @property
     def fast_float16(self) -> bool:
@@ -153,6 +177,8 @@ class DeviceInfo:
             return f"{len(self.gpus)} GPU(s): " + ", ".join(parts)
         flags = ",".join(sorted(f for f in self.cpu_flags if f in BF16_CPU_FLAGS + FP16_CPU_FLAGS))
         onednn = {True: "oneDNN on", False: "oneDNN off", None: "oneDNN unknown"}[self.onednn_enabled]
+        if self.onednn_max_isa:
+            onednn += f", capped at {self.onednn_max_isa}"
         return f"CPU ({self.cpu_model or 'unknown model'}; {flags or 'no bf16/fp16 flags'}; {onednn})"
 
 
@@ -256,4 +282,5 @@ def detect() -> DeviceInfo:
         cpu_model=model,
         cpu_flags=flags,
         onednn_enabled=onednn_enabled(),
+        onednn_max_isa=next((os.environ[name] for name in ONEDNN_ISA_ENV if os.environ.get(name)), None),
     )

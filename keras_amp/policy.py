@@ -247,6 +247,9 @@ def choose_policy(device: hardware.DeviceInfo) -> tuple[str, str]:
     if device.cpu_fast_bfloat16:
         flags = ", ".join(f for f in hardware.BF16_CPU_FLAGS if f in device.cpu_flags)
         return "mixed_bfloat16", f"the CPU has {flags} and oneDNN is on: bfloat16 matmuls/convs run natively"
+    if any(f in device.cpu_flags for f in hardware.BF16_CPU_FLAGS) and device.onednn_isa_below_bfloat16:
+        return "float32", (f"the CPU has bfloat16 instructions, but oneDNN is capped at {device.onednn_max_isa} "
+                           "(ONEDNN_MAX_CPU_ISA), below its bfloat16 kernels")
     if any(f in device.cpu_flags for f in hardware.BF16_CPU_FLAGS) and device.onednn_enabled is None:
         return "float32", (
             f"the CPU has bfloat16 instructions, but this TensorFlow build lacks {hardware.ONEDNN_QUERY}, "
@@ -297,8 +300,10 @@ def _speed_warning(name: str, device: hardware.DeviceInfo) -> str | None:
         )
     if name == "mixed_bfloat16" and not device.fast_bfloat16:
         return (
-            f"mixed_bfloat16 requested on {device.summary()}, which has no fast bfloat16 path. "
-            f"Faster here: {best!r}."
+            f"mixed_bfloat16 requested on {device.summary()}, which has no fast bfloat16 path"
+            + (" (under this cap TensorFlow's first bfloat16 matmul kills the process)"
+               if device.onednn_aborts_bfloat16 else "")
+            + f". Faster here: {best!r}."
         )
     return None
 

@@ -1,5 +1,6 @@
 """keras_amp.hardware: observation only, injectable."""
 
+import os
 import platform
 import subprocess
 import sys
@@ -104,6 +105,45 @@ def test_summary():
     assert DeviceInfo().summary() == "CPU (unknown model; no bf16/fp16 flags; oneDNN off)"
 
 
+def test_a_onednn_isa_cap_below_bfloat16_is_no_fast_path_and_auto_says_why(monkeypatch):
+    zen4 = dict(cpu_model="EPYC", cpu_flags=frozenset({"avx512_bf16"}), onednn_enabled=True)
+    for cap in ("AVX512_CORE_BF16", "avx512_core_amx", "AVX10_1_512", None):
+        assert DeviceInfo(**zen4, onednn_max_isa=cap).fast_bfloat16, cap
+    for cap, aborts in (("AVX512_CORE", False), ("avx512_core_vnni", False), ("AVX2", True), ("SSE41", True)):
+        device = DeviceInfo(**zen4, onednn_max_isa=cap)
+        assert not device.fast_bfloat16 and device.onednn_aborts_bfloat16 is aborts, cap
+        name, reason = policy.choose_policy(device)
+        assert name == "float32" and f"capped at {cap}" in reason and "ONEDNN_MAX_CPU_ISA" in reason, reason
+        warning = policy._speed_warning("mixed_bfloat16", device)
+        assert f"oneDNN on, capped at {cap}" in warning and ("kills the process" in warning) is aborts, warning
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx2")
+    assert hardware.detect().onednn_max_isa == "avx2"
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX512_CORE")  # oneDNN's older name
+    assert hardware.detect().onednn_max_isa == "AVX512_CORE"
+
+
+_CAPPED_BF16_MATMUL = """
+import sys, tensorflow as tf, keras_amp
+print(keras_amp.policy.choose_policy(keras_amp.hardware.detect())[0], flush=True)
+x = tf.ones([64, 64], tf.bfloat16)
+print(float(tf.reduce_sum(tf.cast(tf.matmul(x, x), tf.float32))), flush=True)
+"""
+
+
+@pytest.mark.skipif(not hardware.detect().cpu_fast_bfloat16, reason="needs a CPU with native bfloat16 and oneDNN on")
+def test_tensorflow_under_the_caps_emulates_or_aborts_and_auto_picks_float32():
+    """What ONEDNN_ISAS_BELOW_BF16 / _ABORTING_BF16 rest on, on this TensorFlow."""
+    runs = {}
+    for cap in ("AVX512_CORE", "AVX2"):
+        env = {k: v for k, v in os.environ.items() if k != "DNNL_MAX_CPU_ISA"}
+        runs[cap] = subprocess.run([sys.executable, "-c", _CAPPED_BF16_MATMUL], capture_output=True, text=True,
+                                   timeout=300, env={**env, "ONEDNN_MAX_CPU_ISA": cap, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert runs["AVX512_CORE"].returncode == 0 and runs["AVX512_CORE"].stdout.split() == ["float32", "262144.0"]
+    # The process dies at the matmul: SIGABRT (oneDNN cannot create the primitive) or SIGSEGV, by shape and path.
+    assert runs["AVX2"].returncode in (-6, -11) and runs["AVX2"].stdout.split() == ["float32"], runs["AVX2"]
+
+
 def test_tpu_is_fast_bfloat16():
     assert DeviceInfo(tpu_count=8).fast_bfloat16 and not DeviceInfo(tpu_count=8).fast_float16
 
@@ -117,6 +157,7 @@ BAD_DEVICE_FIELDS = {
     "cpu_flags_string": (dict(cpu_flags="avx512_bf16"), TypeError, r"`cpu_flags` must be a set of strings"),
     "cpu_flags_ints": (dict(cpu_flags={1}), TypeError, r"`cpu_flags` must be a set of strings"),
     "onednn_string": (dict(onednn_enabled="yes"), TypeError, r"onednn_enabled='yes'"),
+    "onednn_max_isa_int": (dict(onednn_max_isa=2), TypeError, r"`onednn_max_isa` must be a string or None"),
 }
 
 
