@@ -91,7 +91,8 @@ class DeviceInfo:
             {"avx512_bf16"}. Defaults to none.
         onednn_enabled: Bool, or None when this TensorFlow build cannot tell. Defaults to False.
         onednn_max_isa: String or None. oneDNN's instruction-set cap (`ONEDNN_MAX_CPU_ISA`), e.g.
-            "AVX2"; None (the default) where none is set.
+            "AVX2"; None (the default) where none is set. Only the caps below AVX512_CORE_BF16
+            (`ONEDNN_ISAS_BELOW_BF16`, any case) change what is fast.
     """
 
     gpus: tuple[GpuInfo, ...] = ()

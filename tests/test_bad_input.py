@@ -339,6 +339,7 @@ BAD = [
     ("DeviceInfo", "tpu_count", 1.5, TypeError),
     ("DeviceInfo", "tpu_count", True, TypeError),
     ("DeviceInfo", "cpu_model", None, TypeError),
+    ("DeviceInfo", "onednn_max_isa", 2, TypeError),
     ("DeviceInfo", "cpu_flags", "avx2", TypeError),
     ("DeviceInfo", "cpu_flags", {1, 2}, TypeError),
     ("DeviceInfo", "onednn_enabled", "on", TypeError),
