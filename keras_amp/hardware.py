@@ -127,20 +127,27 @@ class DeviceInfo:
     @property
     def cpu_fast_bfloat16(self) -> bool:
         """oneDNN runs bfloat16 matmuls/convs natively on AVX512-BF16 or AMX."""
-        return (self.onednn_enabled is True and any(f in self.cpu_flags for f in BF16_CPU_FLAGS)
-                and not self.onednn_isa_below_bfloat16)
+        return self.onednn_enabled is True and self.cpu_has_bfloat16 and not self.onednn_isa_below_bfloat16
+
+    @property
+    def cpu_has_bfloat16(self) -> bool:
+        """The CPU has bfloat16 instructions (`BF16_CPU_FLAGS`), whatever oneDNN makes of them."""
+        return any(f in self.cpu_flags for f in BF16_CPU_FLAGS)
 
     @property
     def onednn_isa_below_bfloat16(self) -> bool:
         """Whether `onednn_max_isa` keeps oneDNN below its bfloat16 kernels (`ONEDNN_ISAS_BELOW_BF16`)."""
-        return (self.onednn_max_isa or "").strip().upper() in ONEDNN_ISAS_BELOW_BF16
+        return self._isa_cap in ONEDNN_ISAS_BELOW_BF16
 
     @property
     def onednn_aborts_bfloat16(self) -> bool:
         """Whether a bfloat16 matmul would kill the process: a CPU with bfloat16 instructions (so TF sends
         bfloat16 to oneDNN), oneDNN on, and capped at AVX2_VNNI_2 or below (`ONEDNN_ISAS_ABORTING_BF16`)."""
-        return (self.onednn_enabled is True and any(f in self.cpu_flags for f in BF16_CPU_FLAGS)
-                and (self.onednn_max_isa or "").strip().upper() in ONEDNN_ISAS_ABORTING_BF16)
+        return self.onednn_enabled is True and self.cpu_has_bfloat16 and self._isa_cap in ONEDNN_ISAS_ABORTING_BF16
+
+    @property
+    def _isa_cap(self) -> str:
+        return (self.onednn_max_isa or "").strip().upper()
 
     @property
     def fast_float16(self) -> bool:

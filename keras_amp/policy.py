@@ -247,16 +247,16 @@ def choose_policy(device: hardware.DeviceInfo) -> tuple[str, str]:
     if device.cpu_fast_bfloat16:
         flags = ", ".join(f for f in hardware.BF16_CPU_FLAGS if f in device.cpu_flags)
         return "mixed_bfloat16", f"the CPU has {flags} and oneDNN is on: bfloat16 matmuls/convs run natively"
-    if any(f in device.cpu_flags for f in hardware.BF16_CPU_FLAGS) and device.onednn_isa_below_bfloat16:
+    if device.cpu_has_bfloat16 and device.onednn_isa_below_bfloat16:
         return "float32", (f"the CPU has bfloat16 instructions, but oneDNN is capped at {device.onednn_max_isa} "
                            "(ONEDNN_MAX_CPU_ISA), below its bfloat16 kernels")
-    if any(f in device.cpu_flags for f in hardware.BF16_CPU_FLAGS) and device.onednn_enabled is None:
+    if device.cpu_has_bfloat16 and device.onednn_enabled is None:
         return "float32", (
             f"the CPU has bfloat16 instructions, but this TensorFlow build lacks {hardware.ONEDNN_QUERY}, "
             "so whether oneDNN runs bfloat16 natively is unknown; enable('mixed_bfloat16') explicitly if "
             "it does"
         )
-    if any(f in device.cpu_flags for f in hardware.BF16_CPU_FLAGS):
+    if device.cpu_has_bfloat16:
         return "float32", (
             "the CPU has bfloat16 instructions but oneDNN is off (TF_ENABLE_ONEDNN_OPTS=0), so "
             "bfloat16 ops are emulated and slower than float32"
@@ -299,12 +299,10 @@ def _speed_warning(name: str, device: hardware.DeviceInfo) -> str | None:
             f"(float16 is emulated and typically slower than float32). Faster here: {best!r}."
         )
     if name == "mixed_bfloat16" and not device.fast_bfloat16:
-        return (
-            f"mixed_bfloat16 requested on {device.summary()}, which has no fast bfloat16 path"
-            + (" (under this cap TensorFlow's first bfloat16 matmul kills the process)"
-               if device.onednn_aborts_bfloat16 else "")
-            + f". Faster here: {best!r}."
-        )
+        dies = " (under this cap TensorFlow's first bfloat16 matmul kills the process)"
+        dies = dies if device.onednn_aborts_bfloat16 else ""
+        return (f"mixed_bfloat16 requested on {device.summary()}, which has no fast bfloat16 path{dies}. "
+                f"Faster here: {best!r}.")
     return None
 
 

@@ -57,25 +57,28 @@ class Data:
     Args:
         name: String. The data set name.
         task: String. "lm" (next-token prediction at every position) or "classify".
-        train: tf.data.Dataset. Infinite, shuffled, batched `(inputs, labels)`: epoch 0's stream.
+        train_epoch: Callable. epoch -> that epoch's training stream, infinite, shuffled, batched
+            `(inputs, labels)`: the same batches for the same seed and epoch in every process.
         eval: tf.data.Dataset. Finite, batched `(inputs, labels)`.
         input_shape: Tuple. Shape of one example's inputs.
         input_dtype: String. "int32" (tokens) or "float32" (pixels).
         num_classes: Int. Vocabulary size (lm) or number of classes.
         source: String. Where the data came from, for people.
-        train_epoch: Callable. epoch -> that epoch's stream (`train` is `train_epoch(0)`); the
-            same batches for the same seed and epoch in every process.
     """
 
     name: str
     task: str
-    train: tf.data.Dataset
+    train_epoch: Callable[[int], tf.data.Dataset]
     eval: tf.data.Dataset
     input_shape: tuple
     input_dtype: str
     num_classes: int
     source: str
-    train_epoch: Callable[[int], tf.data.Dataset]
+
+    @property
+    def train(self) -> tf.data.Dataset:
+        """Epoch 0's training stream."""
+        return self.train_epoch(0)
 
 
 def pydoc_text() -> str:
@@ -133,8 +136,8 @@ def _lm_data(name: str, train_text: str, eval_text: str, source: str, *, seq_len
     held_out = _lm_windows(_byte_tokens(eval_text), seq_len)
     stream = _stream(tf.data.Dataset.from_tensor_slices(train).map(_split_lm), batch_size, seed, len(train))
     eval_ds = tf.data.Dataset.from_tensor_slices(held_out).map(_split_lm).batch(batch_size)
-    return Data(name, "lm", stream(0), eval_ds, (seq_len,), "int32", VOCAB,
-                f"{source}: {len(train)} training and {len(held_out)} held-out windows of {seq_len} bytes", stream)
+    return Data(name, "lm", stream, eval_ds, (seq_len,), "int32", VOCAB,
+                f"{source}: {len(train)} training and {len(held_out)} held-out windows of {seq_len} bytes")
 
 
 def _unreachable(host: str, port: int, timeout: float) -> str | None:
@@ -260,8 +263,8 @@ def _text_classes(name: str, *, seq_len: int, batch_size: int, seed: int, data_d
         train, held_out = train.take(max_examples), held_out.take(max_examples // 4 or 1)
     size = max_examples or 25_000
     stream = _stream(train.map(encode), batch_size, seed, size)
-    return Data(name, "classify", stream(0), held_out.map(encode).batch(batch_size), (seq_len,), "int32",
-                TFDS_TEXT_CLASSES[name], f"tensorflow-datasets {name}: first {seq_len} bytes of each review", stream)
+    return Data(name, "classify", stream, held_out.map(encode).batch(batch_size), (seq_len,), "int32",
+                TFDS_TEXT_CLASSES[name], f"tensorflow-datasets {name}: first {seq_len} bytes of each review")
 
 
 def _images(name: str, *, batch_size: int, seed: int, data_dir: str | None, max_examples: int | None) -> Data:
@@ -277,8 +280,8 @@ def _images(name: str, *, batch_size: int, seed: int, data_dir: str | None, max_
     shape = tuple(train.element_spec["image"].shape)
     size = max_examples or 10_000
     stream = _stream(train.map(encode), batch_size, seed, size)
-    return Data(name, "classify", stream(0), held_out.map(encode).batch(batch_size), shape, "float32",
-                TFDS_IMAGE_CLASSES[name], f"tensorflow-datasets {name}: images {shape}", stream)
+    return Data(name, "classify", stream, held_out.map(encode).batch(batch_size), shape, "float32",
+                TFDS_IMAGE_CLASSES[name], f"tensorflow-datasets {name}: images {shape}")
 
 
 def load(name: str, *, seq_len: int = 128, batch_size: int = 32, seed: int = 0, data_dir: str | None = None,
