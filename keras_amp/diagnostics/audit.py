@@ -58,7 +58,8 @@ _FORWARD_ONLY = ("reduction",)
 _MATMULS = dataflow.MATMULS
 _PASS_THROUGH = (
     "Cast", "Mul", "AddV2", "Add", "Sub", "RealDiv", "SelectV2", "Select", "Maximum", "Minimum",
-    "Reshape", "Transpose", "ExpandDims", "Squeeze", "Identity", "Neg", "Tanh", "StopGradient",
+    "Reshape", "Transpose", "ExpandDims", "Squeeze", "Identity", "Neg", "Tanh", "StopGradient", "BiasAdd",
+    "BiasAddV1",
 )
 _WEIGHT_PATH = ("Cast", "Identity", "Reshape", "Transpose", "ExpandDims", "Squeeze")
 PHASES = ("forward", "backward")

@@ -563,10 +563,11 @@ CONTROL_FLOW = {"If": ("then_branch", "else_branch"), "StatelessIf": ("then_bran
 SOFTMAX = ("Softmax", "LogSoftmax")
 MATMULS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum")
 # What may sit between QK^T and the softmax: scaling, masking, biases, soft caps, reshapes.
-# ConcatV2: GPT-OSS appends its attention-sink logits to the scores before the softmax.
+# ConcatV2: GPT-OSS appends its attention-sink logits to the scores before the softmax. BiasAdd: a per-key
+# bias vector added with `ops.add` under keras_amp (its bias rule).
 SCORE_PATH = {"Cast", "Mul", "AddV2", "Add", "Sub", "RealDiv", "SelectV2", "Select", "Reshape", "Transpose",
               "ExpandDims", "Squeeze", "Identity", "Neg", "Tanh", "GatherV2", "StridedSlice", "Maximum",
-              "Minimum", "ConcatV2"}
+              "Minimum", "ConcatV2", "BiasAdd", "BiasAddV1"}
 # What may sit between a weight and a matmul operand (a read, a cast, a reshape).
 WEIGHT_PATH = {"Cast", "Identity", "Reshape", "Transpose", "ExpandDims", "Squeeze", "StridedSlice", "GatherV2"}
 WEIGHT_READS = ("ReadVariableOp", "ResourceGather", "VarHandleOp")

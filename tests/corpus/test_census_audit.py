@@ -40,6 +40,17 @@ def test_finds_a_16bit_softmax_and_matmul_scores_through_reshapes_and_masks():
     assert kinds == [("qk", "BatchMatMulV2", "float16"), ("softmax", "Softmax", "float16")]
 
 
+def test_finds_16bit_scores_through_a_key_bias_add():
+    # keras_amp's bias rule turns `ops.add(scores, key_bias)` into a BiasAdd: the walk passes it.
+    def attention(q, k, key_bias):
+        scores = tf.nn.bias_add(tf.einsum("bqd,bkd->bqk", q, k), key_bias)
+        return tf.reduce_sum(tf.nn.softmax(scores))
+
+    findings = _findings(attention, *QK, tf.TensorSpec((4,), F16))
+    assert sorted((f.kind, f.op_type, f.dtype) for f in findings) == [("qk", "Einsum", "float16"),
+                                                                       ("softmax", "Softmax", "float16")]
+
+
 def test_dead_16bit_ops_do_not_count():
     # keras_amp's rules leave the 16-bit originals unused beside the float32 rebuild.
     def attention(q, k):

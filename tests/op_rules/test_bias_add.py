@@ -7,6 +7,7 @@ import tensorflow as tf
 
 import keras_amp
 from keras_amp import hardware
+from keras_amp.diagnostics import audit
 from keras_amp.custom_gradient import custom_gradient
 from keras_amp.op_rules import bias_add
 
@@ -220,6 +221,9 @@ def test_scores_are_found_through_the_bias_add_stock_rounds_them():
     keras_amp.enable("mixed_bfloat16")
     graph = tf.function(step).get_concrete_function(*args).graph
     assert "BiasAdd" in {op.type for op in graph.get_operations()}  # guard: the bias rule made the add
+    # The audit's own walk passes the bias add too: it finds QK^T, in float32.
+    found = [audit.scores_matmul(op) for op in graph.get_operations() if op.type == "Softmax"]
+    assert found and all(f is not None and audit.op_dtype(f[1]) == "float32" for f in found), found
     p, grad_q, grad_bias = tf.function(step)(*args)
     assert np.abs(np64(stock_p) - ref).max() > 0.05  # stock: 8-bit logits lose their differences
     np.testing.assert_allclose(np64(p), ref, atol=2 * 2.0**-8, rtol=0)  # ours: one rounding of p
