@@ -10,6 +10,11 @@ callback records the interval between consecutive batch ends (the first batch of
 includes its setup, is dropped); a block's figure per configuration is the median of its steps.
 The JSON holds those per-block medians; `run_all.py` takes medians and the median of per-block
 ratios (each ratio compares runs made side by side).
+
+`--forward` also times the inference forward pass alone in every block: `model(x, training=False)` as
+one `tf.function` (compiled as the model's steps are), traced after the warm-up in the state the model
+was built in, each call timed on its own over the first batches of the same data (the first call of
+each block untimed).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import_tensorflow_quietly()  # the start-up banner filtered out; a TF_CPP_MIN_LO
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 import keras_amp  # noqa: E402
 import workloads  # noqa: E402
@@ -67,6 +73,26 @@ def _traces(model: keras.Model) -> int | None:
     return None
 
 
+def forward_function(model: keras.Model):
+    """The inference forward pass as one `tf.function`, with the model's own `jit_compile`."""
+    return tf.function(lambda x: model(x, training=False), jit_compile=bool(model.jit_compile))
+
+
+def time_calls(fn, inputs: list, count: int) -> tuple[float, float]:
+    """Median wall and CPU seconds of `count` calls of `fn`, cycling over `inputs` (each call returns a
+    computed eager tensor: the call ends when the work does). One call more runs first, untimed, as the
+    first batch of each `fit` is dropped: the first call after another configuration ran is slower
+    (tens of milliseconds more, though nothing is traced again)."""
+    fn(inputs[0])
+    wall, cpu = [], []
+    for i in range(count):
+        start = (time.perf_counter(), time.process_time())
+        fn(inputs[i % len(inputs)])
+        wall.append(time.perf_counter() - start[0])
+        cpu.append(time.process_time() - start[1])
+    return statistics.median(wall), statistics.median(cpu)
+
+
 def _jit(value: str):
     return {"auto": "auto", "true": True, "false": False}[value]
 
@@ -74,11 +100,15 @@ def _jit(value: str):
 def run(args: argparse.Namespace) -> dict:
     s = workloads.sizes(args.workload, args.smoke)
     data = workloads.dataset(args.workload, s)
-    models, head, rules = {}, {}, {}
+    models, head, rules, forward = {}, {}, {}, {}
+    inputs = [x for x, _ in data.take(8)]
     for name in args.configs:
         model = workloads.build(args.workload, name, s, _jit(args.jit))
         # Warm-up in the state the model was built in (keras_amp enabled only for amp_*).
         model.fit(data, steps_per_epoch=args.warmup, epochs=1, verbose=0, shuffle=False)
+        if args.forward and "+" not in name:  # variants' forward passes are their base configuration's
+            forward[name] = forward_function(model)
+            time_calls(forward[name], inputs, args.warmup)
         rules[name] = workloads.op_rules_state()
         models[name], head[name] = model, workloads.head_dtype(args.workload, model)
     keras_amp.disable()
@@ -87,6 +117,7 @@ def run(args: argparse.Namespace) -> dict:
     extra = {name: workloads.training_callbacks(name, data) for name in names}
     blocks: list[dict[str, float]] = []
     cpu_blocks: list[dict[str, float]] = []
+    forward_blocks: list[dict[str, float]] = []
     for block in range(args.blocks):
         order = names[block % len(names):] + names[: block % len(names)]
         medians, cpu = {}, {}
@@ -104,6 +135,10 @@ def run(args: argparse.Namespace) -> dict:
             f"  {args.workload} block {block}: " + "  ".join(f"{n} {medians[n] * 1e3:.1f}" for n in order) + " ms",
             flush=True,
         )
+        if forward:
+            forward_blocks.append({n: time_calls(forward[n], inputs, args.steps)[0] for n in order if n in forward})
+            print(f"  {args.workload} block {block} forward: "
+                  + "  ".join(f"{n} {t * 1e3:.1f}" for n, t in forward_blocks[-1].items()) + " ms", flush=True)
     units, unit_name = workloads.units_per_step(args.workload, s)
     return {
         "workload": args.workload,
@@ -111,6 +146,7 @@ def run(args: argparse.Namespace) -> dict:
         "configs": names,
         "blocks": blocks,
         "cpu_blocks": cpu_blocks,
+        "forward_blocks": forward_blocks,
         "traces": {name: _traces(model) for name, model in models.items()},
         "steps_per_block": args.steps,
         "units_per_step": units,
@@ -129,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=15, help="timed steps per configuration per block")
     parser.add_argument("--warmup", type=int, default=3, help="warm-up steps per configuration (discarded)")
     parser.add_argument("--jit", choices=("auto", "true", "false"), default="auto", help="compile(jit_compile=)")
+    parser.add_argument("--forward", action="store_true",
+                        help="also time the inference forward pass alone, in the same blocks")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks that it runs")
     parser.add_argument("--json", help="write the result here (default: stdout)")
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""keras_amp's benchmark suite: step time and peak memory of three workloads, one table.
+"""keras_amp's benchmark suite: step time, forward-pass time and peak memory of four workloads, one table.
 
     python benchmarks/run_all.py                  # the recorded figures: benchmarks/RESULTS.md and .png
     QUICK=1 python benchmarks/run_all.py          # fewer blocks and steps (< 3 minutes)
@@ -11,7 +11,8 @@ compute capability 8.0, fp16 from 7.0).
 
 Time: per workload one process (`bench_time.py`) trains every configuration alternately in
 interleaved blocks; the table gives the median step and the median over blocks of the per-block
-ratios (side-by-side runs, so load on the machine hits both sides of a ratio). Memory: every
+ratios (side-by-side runs, so load on the machine hits both sides of a ratio), and the inference
+forward pass alone, timed in the same blocks. Targets: `targets.py`. Memory: every
 configuration trains in processes of its own (`bench_memory.py`; medians over them): peak RSS
 above the import baseline, TF's allocator peak, and the saved activations (deterministic). Loss scaling: `bench_loss_scale.py`, keras_amp's
 LossScaleOptimizer vs Keras's under mixed_float16.
@@ -36,17 +37,11 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import plot_table  # noqa: E402
+import targets  # noqa: E402
 from keras_amp_console import import_tensorflow_quietly  # noqa: E402
 
 import_tensorflow_quietly()  # before workloads imports TensorFlow: its start-up banner filtered out
 import workloads  # noqa: E402
-
-# Targets of issue 10 (keras_amp vs stock mixed on the same model, this CPU).
-TIME_TARGET = {"transformer": 1.03, "cnn": 1.02, "lstm": 1.02, "gru": 1.02}
-TRANSFORMER_VS_FLOAT32 = 0.65
-MEMORY_VS_STOCK = 1.03
-MEMORY_VS_FLOAT32 = 0.70
-LOSS_SCALE_TARGET = 1.02
 
 # blocks, steps per block, warm-up steps, memory steps, memory processes per configuration (the
 # allocator peak depends on the order the executor runs ops in: medians of several), workloads
@@ -113,19 +108,8 @@ def paired(blocks: list[dict], a: str, b: str) -> tuple[float, float, float]:
     return statistics.median(ratios), min(ratios), max(ratios)
 
 
-def _stock_of(name: str) -> str | None:
-    kind, _, _ = workloads.parse_config(name)
-    if kind != "amp":
-        return None
-    return "stock_" + name.split("+")[0].split("_", 1)[1]
-
-
 def _fmt(x, spec=".3f", none="–"):
     return none if x is None else format(x, spec)
-
-
-def _ratio(a, b):
-    return None if a is None or b in (None, 0) else a / b
 
 
 def median_memory(samples: list[dict]) -> dict:
@@ -148,19 +132,21 @@ def _memory_rows(memory: dict) -> list[str]:
     ]
     for workload, mem in memory.items():
         for name, m in mem.items():
-            m32, ms = mem.get("float32") or {}, mem.get(_stock_of(name)) or {}
+            m32, ms = mem.get("float32") or {}, mem.get(targets.stock_of(name)) or {}
             span = m.get("tf_peak_mib_range")
             peak = _fmt(m.get("tf_peak_mib"), ".0f") + (f" ({span[0]:.0f}–{span[1]:.0f})" if span and m["samples"] > 1 else "")
             saved = _fmt(m.get("saved_mib"), ".1f") + (" + loops" if m.get("saved_unsized") else "")
             cells = [_fmt(m.get("rss_mib"), ".0f"), peak, saved]
             for ref in (ms, m32):
-                cells += [_fmt(_ratio(m.get(f), ref.get(f)) if ref is not m else None) for f in MEMORY_FIGURES]
+                cells += [_fmt(targets.ratio(m.get(f), ref.get(f)) if ref is not m else None) for f in MEMORY_FIGURES]
             lines.append(f"| {workload} | {name} | " + " | ".join(cells) + " |")
     return lines
 
 
-def build_table(results: dict, memory: dict, loss_scale: dict | None, header: list[str]) -> tuple[str, list[str]]:
-    """The markdown report and the list of target lines (each ending in OK or MISSED)."""
+def build_table(results: dict, memory: dict, loss_scale: dict | None, header: list[str],
+                amx: bool = False) -> tuple[str, list[str]]:
+    """The markdown report and the list of target lines (each ending in OK or MISSED); `amx`: whether
+    the machine has the AMX CPU that issue 26's vs-float32 floors are set for."""
     lines = list(header)
     lines += [
         "",
@@ -168,19 +154,19 @@ def build_table(results: dict, memory: dict, loss_scale: dict | None, header: li
         "| CPU-time vs stock |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    targets: list[str] = []
+    found: list[str] = []
     for workload in dict.fromkeys([*results, *memory]):
         res = results.get(workload)
         mem = memory.get(workload, {})
         for name in (res["configs"] if res else mem):
             if res is None:  # memory measured, time failed: memory targets only
-                targets += _memory_targets(workload, name, mem)
+                found += targets.memory_targets(workload, name, mem)
                 continue
             blocks = res["blocks"]
             median = statistics.median(blk[name] for blk in blocks)
             rate = res["units_per_step"] / median
             vs32 = paired(blocks, name, "float32")[0] if name != "float32" else None
-            stock = _stock_of(name)
+            stock = targets.stock_of(name)
             vs_stock = paired(blocks, name, stock) if stock in res["configs"] else None
             cpu_blocks = res.get("cpu_blocks")
             cpu_vs_stock = paired(cpu_blocks, name, stock)[0] if vs_stock and cpu_blocks else None
@@ -194,13 +180,11 @@ def build_table(results: dict, memory: dict, loss_scale: dict | None, header: li
             )
             if "+" in name or not name.startswith("amp_"):
                 continue
-            if vs_stock:
-                goal = TIME_TARGET[workload]
-                targets.append(_target(f"{workload} {name}/{stock} time", vs_stock[0], goal)
-                               + f" (CPU time: {_fmt(cpu_vs_stock)})")
-            if workload == "transformer" and vs32 is not None:
-                targets.append(_target(f"{workload} {name}/float32 time", vs32, TRANSFORMER_VS_FLOAT32))
-            targets += _memory_targets(workload, name, mem)
+            forward = res.get("forward_blocks")
+            forward_vs32 = paired(forward, name, "float32")[0] if forward and name in forward[0] else None
+            found += targets.time_targets(workload, name, vs32, vs_stock and vs_stock[0], cpu_vs_stock, forward_vs32)
+            found += targets.memory_targets(workload, name, mem)
+    lines += _forward_rows(results)
     if memory:
         lines += _memory_rows(memory)
         lines += ["", "Memory: RSS above the import baseline and TF's allocator peak (medians over the processes, "
@@ -208,40 +192,38 @@ def build_table(results: dict, memory: dict, loss_scale: dict | None, header: li
                       "(`keras_amp.diagnostics.saved_activations`, deterministic; \"+ loops\": an RNN loop's "
                       "per-step tensors, TensorLists without a static size, come on top)."]
     if loss_scale is not None:
-        targets.append(_target("loss scaling keras_amp/stock LossScaleOptimizer (mixed_float16, MLP) time",
-                               loss_scale["median_ratio"], LOSS_SCALE_TARGET))
+        found.append(targets.line("loss scaling keras_amp/stock LossScaleOptimizer (mixed_float16, MLP) time",
+                                  loss_scale["median_ratio"], targets.LOSS_SCALE_TARGET))
         lines += ["", f"Loss scaling (bench_loss_scale.py, {loss_scale['params']:,}-parameter MLP, batch "
                       f"{loss_scale['batch']}, mixed_float16, {loss_scale['blocks']} blocks x "
                       f"{loss_scale['block_steps']} steps): stock {loss_scale['median_step_ms']['stock']:.1f} ms, "
                       f"keras_amp {loss_scale['median_step_ms']['keras_amp']:.1f} ms per step; median ratio "
                       f"{loss_scale['median_ratio']:.3f} (blocks {min(loss_scale['block_ratios']):.3f}–"
                       f"{max(loss_scale['block_ratios']):.3f})."]
-    lines += ["", "Targets (keras_amp = amp_*, ratios are medians of per-block ratios):", ""]
-    lines += [f"- {t}" for t in targets]
-    return "\n".join(lines), targets
+    lines += ["", "Targets (keras_amp = amp_*, ratios are medians of per-block ratios). "
+              + targets.float32_note(amx), ""]
+    lines += [f"- {t}" for t in found]
+    return "\n".join(lines), found
 
 
-def _memory_targets(workload: str, name: str, mem: dict) -> list[str]:
-    """Target lines for keras_amp's memory vs stock and vs float32 (the saved-activation ratio beside)."""
-    if "+" in name or not name.startswith("amp_"):
+def _forward_rows(results: dict) -> list[str]:
+    """The inference forward pass alone, from the same blocks as the steps (`bench_time.py --forward`)."""
+    rows = []
+    for workload, res in results.items():
+        blocks = res.get("forward_blocks")
+        for name in blocks[0] if blocks else ():
+            stock = targets.stock_of(name)
+            vs_stock = paired(blocks, name, stock) if stock in blocks[0] else None
+            rows.append(f"| {workload} | {name} | {statistics.median(b[name] for b in blocks) * 1e3:.1f} "
+                        f"| {_fmt(paired(blocks, name, 'float32')[0] if name != 'float32' else None)} "
+                        f"| {_fmt(vs_stock and vs_stock[0])} "
+                        f"| {'–' if not vs_stock else f'{vs_stock[1]:.3f}–{vs_stock[2]:.3f}'} |")
+    if not rows:
         return []
-    stock = _stock_of(name)
-    m = mem.get(name) or {}
-    found = []
-    for fig, label in (("tf_peak_mib", "TF peak"), ("rss_mib", "RSS")):
-        for ref_name, goal in ((stock, MEMORY_VS_STOCK), ("float32", MEMORY_VS_FLOAT32)):
-            ref = mem.get(ref_name) or {}
-            ratio = _ratio(m.get(fig), ref.get(fig))
-            if ratio is None:
-                continue
-            saved = _ratio(m.get("saved_mib"), ref.get("saved_mib")) if fig == "tf_peak_mib" else None
-            found.append(_target(f"{workload} {name}/{ref_name} {label}", ratio, goal)
-                         + (f" (saved activations: {saved:.3f})" if saved is not None else ""))
-    return found
-
-
-def _target(label: str, value: float, goal: float) -> str:
-    return f"{label}: {value:.3f} (target <= {goal}) {'OK' if value <= goal else 'MISSED'}"
+    return ["", "Forward pass alone (inference: `model(x, training=False)`, compiled as the model's steps are), "
+                "timed in the same blocks:", "",
+            "| model | config | forward ms | vs float32 | vs stock | block spread vs stock |",
+            "|---|---|---|---|---|---|", *rows]
 
 
 def _load() -> str:
@@ -348,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"=== time: {workload} ({', '.join(names)})", flush=True)
         res = _child("bench_time.py", [workload, "--configs", *names, "--blocks", str(m["blocks"]),
                                        "--steps", str(m["steps"]), "--warmup", str(m["warmup"]),
-                                       "--jit", args.jit, *smoke], timeout)
+                                       "--jit", args.jit, "--forward", *smoke], timeout)
         if res is None:
             failed.append(f"time {workload}")
             continue
@@ -376,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         if loss_scale is None:
             failed.append("loss scaling")
 
-    text, _ = build_table(results, memory, loss_scale, header(device, mode, policies, args, load_start))
+    text, _ = build_table(results, memory, loss_scale, header(device, mode, policies, args, load_start),
+                          amx=targets.AMX_FLAG in device.cpu_flags)
     rules = sorted({state for res in results.values() for name, state in res["op_rules"].items()
                     if name.startswith("amp_")})
     text += f"\n\nkeras_amp op-level rules during the amp_* traces: {', '.join(rules) or '–'}."

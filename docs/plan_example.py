@@ -5,9 +5,13 @@
 
 import sys
 
-import keras
+from keras_amp_console import import_tensorflow_quietly
 
-import keras_amp
+import_tensorflow_quietly()  # the start-up banner filtered out
+
+import keras  # noqa: E402
+
+import keras_amp  # noqa: E402
 
 
 def build() -> keras.Model:

@@ -70,6 +70,10 @@ def test_suite_prints_the_table(tmp_path):
     for name in ("float32", "stock_bf16", "amp_bf16", "amp_bf16+logits"):
         assert f"| transformer | {name} |" in out
     assert "Targets" in out and "loss scaling keras_amp/stock" in out
+    assert "transformer amp_bf16/float32 forward pass: " in out  # issue 26's forward-pass floor
+    forward = out[out.index("Forward pass alone"):].split("\n\n")[1]  # the forward table
+    rows = [line.split(" | ")[1] for line in forward.splitlines() if line.startswith("| transformer |")]
+    assert rows == ["float32", "stock_bf16", "amp_bf16"], forward  # variants' forward passes are their base's
     assert (tmp_path / "raw.json").exists()
     written = (tmp_path / "RESULTS.md").read_text()
     assert written.startswith("# Benchmark results") and "| transformer | amp_bf16 |" in written
@@ -87,6 +91,32 @@ def test_suite_prints_the_table(tmp_path):
     heights = [p.get_height() for p in time_ax.patches]
     assert heights[0] == 1.0 and all(h > 0 for h in heights)  # float32 / float32, then the others' ratios
     assert [p.get_height() for p in peak_ax.patches] == [m["tf_peak_mib"] for m in raw["memory"]["transformer"].values()]
+
+
+def _block(**ms):
+    return {name: value / 1e3 for name, value in ms.items()}
+
+
+def test_targets_are_issue_26s_floors_with_the_forward_pass_and_the_machine_said():
+    import run_all  # noqa: PLC0415  (benchmarks/ is on sys.path above)
+
+    blocks = [_block(float32=100, stock_bf16=80, amp_bf16=60), _block(float32=100, stock_bf16=70, amp_bf16=56)]
+    results = {"transformer": {
+        "configs": ["float32", "stock_bf16", "amp_bf16"], "blocks": blocks, "cpu_blocks": blocks,
+        "forward_blocks": [_block(float32=40, stock_bf16=30, amp_bf16=28)] * 2, "units_per_step": 4096,
+        "unit": "tokens", "head_dtype": {}}}
+    text, found = run_all.build_table(results, {}, None, ["header"], amx=False)
+    assert found == [
+        "transformer amp_bf16/stock_bf16 time: 0.775 (target <= 1.0) OK (CPU time: 0.775)",
+        "transformer amp_bf16/float32 time: 0.580 (target <= 0.55) MISSED",
+        "transformer amp_bf16/float32 forward pass: 0.700 (target <= 0.6) MISSED",
+    ]
+    assert "| transformer | amp_bf16 | 28.0 | 0.700 | 0.933 | 0.933–0.933 |" in text
+    assert "this machine has none, so they are shown for reference only" in text
+    assert "shown for reference" not in run_all.build_table(results, {}, None, [], amx=True)[0]
+    del results["transformer"]["forward_blocks"]  # a result without forward timing: no forward table or floor
+    text, found = run_all.build_table(results, {}, None, [], amx=True)
+    assert "Forward pass alone" not in text and not any("forward" in t for t in found)
 
 
 def assert_png(path):
