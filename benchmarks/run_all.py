@@ -14,8 +14,8 @@ interleaved blocks; the table gives the median step and the median over blocks o
 ratios (side-by-side runs, so load on the machine hits both sides of a ratio), and the inference
 forward pass alone, timed in the same blocks. Targets: `targets.py`. Memory: every
 configuration trains in processes of its own (`bench_memory.py`; medians over them): peak RSS
-above the import baseline, TF's allocator peak, and the saved activations (deterministic). Loss scaling: `bench_loss_scale.py`, keras_amp's
-LossScaleOptimizer vs Keras's under mixed_float16.
+above the import baseline, TF's allocator peak, and the saved activations (deterministic). Loss
+scaling: `bench_loss_scale.py`, keras_amp's LossScaleOptimizer vs Keras's under mixed_float16.
 """
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ def _device():
 
 def default_policies(device) -> tuple[str, ...]:
     if device.gpus:
-        return tuple(p for p, fast in (("bf16", device.fast_bfloat16), ("fp16", device.fast_float16)) if fast) or ("fp16",)
+        fast = (("bf16", device.fast_bfloat16), ("fp16", device.fast_float16))
+        return tuple(p for p, is_fast in fast if is_fast) or ("fp16",)
     return ("bf16",)
 
 
@@ -134,7 +135,8 @@ def _memory_rows(memory: dict) -> list[str]:
         for name, m in mem.items():
             m32, ms = mem.get("float32") or {}, mem.get(targets.stock_of(name)) or {}
             span = m.get("tf_peak_mib_range")
-            peak = _fmt(m.get("tf_peak_mib"), ".0f") + (f" ({span[0]:.0f}–{span[1]:.0f})" if span and m["samples"] > 1 else "")
+            spread = f" ({span[0]:.0f}–{span[1]:.0f})" if span and m["samples"] > 1 else ""
+            peak = _fmt(m.get("tf_peak_mib"), ".0f") + spread
             saved = _fmt(m.get("saved_mib"), ".1f") + (" + loops" if m.get("saved_unsized") else "")
             cells = [_fmt(m.get("rss_mib"), ".0f"), peak, saved]
             for ref in (ms, m32):
@@ -301,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quick = args.quick or os.environ.get("QUICK", "").strip() not in ("", "0")
     mode = "smoke" if args.smoke else "quick" if quick else "full"
-    m = MODES[mode] = dict(MODES[mode], blocks=args.blocks or MODES[mode]["blocks"], steps=args.steps or MODES[mode]["steps"])
+    base = MODES[mode]
+    m = MODES[mode] = dict(base, blocks=args.blocks or base["blocks"], steps=args.steps or base["steps"])
     args.workloads = args.workloads or list(m["workloads"] or workloads.WORKLOADS)
     results_path = args.results or (None if args.smoke else str(ROOT / "benchmarks" / "RESULTS.md"))
     plot_path = plot_table.planned_path(parser, args, results_path)
