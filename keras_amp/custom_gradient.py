@@ -9,11 +9,13 @@ keras.applications DenseNet121 step: +0.25 GiB per trace, never returned.
 
 This version registers one gradient function, once, that finds the closure on the op itself
 (`op._keras_amp_backward`, the IdentityN's Python object, which the graph keeps): graph, op and
-closure form a cycle that Python's collector frees with the graph. Otherwise it does what TensorFlow's graph mode does (an
-IdentityN over results and inputs, its gradient overridden, the call recorded on the active
-tapes). Eager calls use `tf.custom_gradient` as it is (nothing leaks there). Restrictions, as
-keras_amp uses it: positional tensor arguments, no variables read inside `f` (their gradient
-would need `grad_fn(..., variables=...)`), no composite tensors.
+closure form a cycle that Python's collector frees with the graph. Otherwise it does what
+TensorFlow's graph mode does (an IdentityN over results and inputs, its gradient overridden, the
+call recorded on the active tapes), except that the gradient's ops are named as TensorFlow names an
+op's gradient ("gradient_tape/<forward scope>/", `backward_scope`), not at the root scope. Eager
+calls use `tf.custom_gradient` as it is (nothing leaks there). Restrictions, as keras_amp uses it:
+positional tensor arguments, no variables read inside `f` (their gradient would need
+`grad_fn(..., variables=...)`), no composite tensors.
 """
 
 from __future__ import annotations
@@ -41,6 +43,31 @@ def is_transparent(op: tf.Operation) -> bool:
     return op.type == "IdentityN" and getattr(op, _TRANSPARENT, False)
 
 
+def backward_scope() -> str:
+    """The name scope TensorFlow gives an op's gradient ops, "gradient_tape/<forward scope>/", for
+    the current scope. A custom gradient's ops would be made at the root scope (TF 2.21, both
+    `tf.custom_gradient` and a recorded backward), where neither the diagnostics' op-to-layer
+    attribution nor a profile could tell them from the forward pass's; `custom_gradient` runs each
+    `grad_fn` in the scope taken when its forward ops are built."""
+    scope = tf.compat.v1.get_default_graph().get_name_scope()
+    return f"gradient_tape/{scope}/" if scope else "gradient_tape/"
+
+
+def _scoped(f: Callable, scope: str) -> Callable:
+    """`f`, whose `grad_fn` runs in name scope `scope`."""
+
+    def scoped(*args):
+        result, grad_fn = f(*args)
+
+        def grad(*upstream, **kwargs):
+            with tf.name_scope(scope):
+                return grad_fn(*upstream, **kwargs)
+
+        return result, grad
+
+    return scoped
+
+
 def custom_gradient(f: Callable | None = None, *, transparent: bool = False) -> Callable:
     """Decorator like `tf.custom_gradient`: `f(*args)` returns `(result, grad_fn)`, where
     `grad_fn(*upstream)` (one upstream gradient per flattened result) returns the gradients of
@@ -57,10 +84,14 @@ def custom_gradient(f: Callable | None = None, *, transparent: bool = False) -> 
 
     @functools.wraps(f)
     def wrapper(*args):
-        if tf.executing_eagerly() or _record_operation is None or not _compat.warn_off(_compat.GRADIENTS):
+        if tf.executing_eagerly():
             return eager_version(*args)
+        scope = backward_scope()
+        if _record_operation is None or not _compat.warn_off(_compat.GRADIENTS):
+            return tf.custom_gradient(_scoped(f, scope))(*args)
         args = [tf.convert_to_tensor(a) for a in args]
-        result, grad_fn = f(*args)
+        graph = tf.compat.v1.get_default_graph()
+        result, grad_fn = _scoped(f, scope)(*args)
         flat = [tf.convert_to_tensor(t) for t in tf.nest.flatten(result)]
         count = len(flat)
 
@@ -69,7 +100,6 @@ def custom_gradient(f: Callable | None = None, *, transparent: bool = False) -> 
             grads = list(grads) if isinstance(grads, (list, tuple)) else [grads]
             return [None] * count + grads
 
-        graph = tf.compat.v1.get_default_graph()
         with graph.gradient_override_map({"IdentityN": _NAME}):
             outputs = tf.identity_n(flat + args)
         setattr(outputs[0].op, _ATTR, backward)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_amp import custom_gradient as custom_gradient_module
 from keras_amp.custom_gradient import custom_gradient
 
 
@@ -62,6 +63,33 @@ def test_gradient_through_a_nested_function_call():
 
     x = tf.constant([[1.0, -2.0]], tf.float64)
     np.testing.assert_allclose(outer(x, tf.constant(0.5, tf.float64)).numpy(), 2 * x.numpy() * 0.5, atol=1e-12)
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded_backward", "tf_custom_gradient_fallback"])
+def test_gradient_ops_are_named_in_the_forward_scope_under_the_tape_where_tf_custom_gradient_names_them_at_root(
+        recorded, monkeypatch):
+    if not recorded:  # TensorFlow's private record_operation missing: tf.custom_gradient is used, scoped too
+        monkeypatch.setattr(custom_gradient_module, "_record_operation", None)
+    def backward_op_names(decorator):
+        f = _scaled_square(decorator)
+
+        def step(x, w):
+            with tf.GradientTape() as tape:
+                tape.watch([x, w])
+                with tf.name_scope("block"):
+                    y, _ = f(x, w)
+                loss = tf.reduce_sum(y, name="loss")
+            return tape.gradient(loss, [x, w])
+
+        graph = tf.function(step).get_concrete_function(
+            tf.TensorSpec((2, 3), tf.float32), tf.TensorSpec((), tf.float32)).graph
+        # The gradient function's own ops: grad() multiplies by 2.0 and sums x * x * dy.
+        return {op.name for op in graph.get_operations()
+                if op.type in ("Mul", "Sum") and not op.name.startswith(("block/", "loss"))}
+
+    ours, stock = backward_op_names(custom_gradient), backward_op_names(tf.custom_gradient)
+    assert ours and all(name.startswith("gradient_tape/block/") for name in ours), ours
+    assert not any(name.startswith("gradient_tape/") for name in stock), stock  # why the scope is set
 
 
 def _traced_graph(decorator):

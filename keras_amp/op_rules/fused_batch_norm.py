@@ -40,7 +40,7 @@ import tensorflow as tf
 
 from keras_amp import hardware
 from keras_amp.custom_gradient import custom_gradient
-from keras_amp.op_rules.upcast_recompute import in_scope, backward_scope, recompute_upcast, source16
+from keras_amp.op_rules.upcast_recompute import recompute_upcast, source16
 
 _TAG = "_keras_amp_batch_moments"
 
@@ -102,7 +102,6 @@ def fused_moments(rule: Callable) -> Callable:
         if x4 is None:
             return rule(x, axes, keepdims=keepdims, synchronized=synchronized)
         channels, rank = x.shape[-1], x.shape.rank
-        scope = backward_scope()
 
         @custom_gradient
         def batch_moments(x):
@@ -111,7 +110,6 @@ def fused_moments(rule: Callable) -> Callable:
                 x=x4, scale=tf.ones([channels]), offset=tf.zeros([channels]), mean=tf.zeros([0]),
                 variance=tf.zeros([0]), epsilon=1e-3, is_training=True)[3:5]
 
-            @in_scope(scope)
             def grad(d_mean, d_variance):
                 # d mean / dx = 1/n; d variance / dx = 2 (x - mean) / n.
                 n = tf.cast(tf.size(x16) // channels, tf.float32)
@@ -151,14 +149,12 @@ def _normalize(x, x16, x4, mean, variance, gamma, beta, epsilon, batch: bool) ->
     """The 16-bit y of `FusedBatchNormV3` (inference form) with these (channels,) float32 statistics and
     parameters; its gradient `FusedBatchNormGradV3`, in training form when they are x's batch moments
     (`batch`), else with the statistics held fixed (and their own gradients from its per-channel sums)."""
-    scope = backward_scope()
 
     @custom_gradient
     def normalize(x, mean, variance, gamma, beta):
         y4 = tf.raw_ops.FusedBatchNormV3(
             x=x4, scale=gamma, offset=beta, mean=mean, variance=variance, epsilon=epsilon, is_training=False)[0]
 
-        @in_scope(scope)
         def grad(dy):
             dx, d_gamma, d_beta, _, _ = tf.raw_ops.FusedBatchNormGradV3(
                 y_backprop=tf.reshape(tf.cast(dy, x16.dtype), tf.shape(x4)), x=x4, scale=gamma,

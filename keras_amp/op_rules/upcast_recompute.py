@@ -66,30 +66,6 @@ def recompute_upcast(x16: tf.Tensor, *grads: Any) -> tf.Tensor:
         return tf.cast(tf.identity(x16), tf.float32)
 
 
-def backward_scope() -> str:
-    """The name scope TensorFlow gives an op's gradient ops, "gradient_tape/<forward scope>/".
-
-    A custom gradient's ops are created at the root scope (TF 2.21), where the diagnostics'
-    op-to-layer attribution could not lead them back to the layer; the gradient functions here
-    enter this scope, taken while the forward op is built.
-    """
-    scope = tf.compat.v1.get_default_graph().get_name_scope()
-    return f"gradient_tape/{scope}/" if scope else "gradient_tape/"
-
-
-def in_scope(scope: str) -> Callable:
-    """Decorator: the gradient function runs in name scope `scope` (see `backward_scope`)."""
-
-    def wrap(fn):
-        def grad(*args):
-            with tf.name_scope(scope):
-                return fn(*args)
-
-        return grad
-
-    return wrap
-
-
 def _sum_to(t: tf.Tensor, shape: tf.TensorShape) -> tf.Tensor:
     """`t` summed over the axes that broadcasting a tensor of `shape` to `t`'s shape expanded."""
     rank, target = t.shape.rank, shape.rank
@@ -114,13 +90,11 @@ def _axes(axes: Any, rank: int) -> list[int]:
 def _float32_moments(x: tf.Tensor, x16: tf.Tensor, axes: list[int], keepdims: bool):
     """Mean and (biased) variance of float32 `x` over `axes`; the backward pass reads `x16`."""
 
-    scope = backward_scope()
 
     @custom_gradient
     def moments(x):
         mean, variance = tf.nn.moments(x, axes, keepdims=True)
 
-        @in_scope(scope)
         def grad(d_mean, d_variance):
             # d mean / dx = 1/n; d var / dx = 2 (x - mean) / n (the mean's own dependence on x
             # contributes sum(x - mean) = 0).
@@ -165,7 +139,6 @@ def upcast_recompute_moments(original: Callable) -> Callable:
 def _float32_batch_normalization(x, x16, mean, variance, offset, scale, epsilon):
     """`tf.nn.batch_normalization` in float32 (the same ops); the backward pass reads `x16`."""
     has_offset, has_scale = offset is not None, scale is not None
-    scope = backward_scope()
 
     @custom_gradient
     def batch_normalization(x, mean, variance, *params):
@@ -180,7 +153,6 @@ def _float32_batch_normalization(x, x16, mean, variance, offset, scale, epsilon)
         for t in (mean, variance, *params):
             per_channel = tf.broadcast_static_shape(per_channel, t.shape)
 
-        @in_scope(scope)
         def grad(dy):
             # y = (x - mean) * r * scale + offset, r = (variance + epsilon) ** -1/2.
             # Four full-size ops (the upcast, x - mean, its product with dy, dy * inv) and two
@@ -232,7 +204,6 @@ def upcast_recompute_batch_normalization(original: Callable) -> Callable:
 def _float32_layer_normalization(x, x16, gamma, beta, axes, epsilon):
     """Keras's `_layer_normalization` arithmetic in float32; the backward pass reads `x16`."""
     has_gamma, has_beta = gamma is not None, beta is not None
-    scope = backward_scope()
 
     @custom_gradient
     def layer_normalization(x, *params):
@@ -244,7 +215,6 @@ def _float32_layer_normalization(x, x16, gamma, beta, axes, epsilon):
         shift = -mean * scaled if beta is None else -mean * scaled + beta
         y = x * scaled + shift
 
-        @in_scope(scope)
         def grad(dy):
             r = tf.math.rsqrt(variance + epsilon)
             x_hat = (recompute_upcast(x16, dy) - mean) * r
@@ -297,7 +267,6 @@ def _float32_sparse_cross_entropy(labels: tf.Tensor, logits: tf.Tensor, logits16
     """`tf.nn.sparse_softmax_cross_entropy_with_logits` on float32 `logits`; the backward pass
     recomputes its `softmax - onehot` from `logits16` (TensorFlow keeps it, in float32)."""
     classes = tf.shape(logits)[-1]
-    scope = backward_scope()
 
     def _kernel(features):
         flat = tf.reshape(features, [-1, classes])
@@ -307,7 +276,6 @@ def _float32_sparse_cross_entropy(labels: tf.Tensor, logits: tf.Tensor, logits16
     def cross_entropy(logits):
         loss, _ = _kernel(logits)
 
-        @in_scope(scope)
         def grad(d_loss):
             _, backprop = _kernel(recompute_upcast(logits16, d_loss))
             # TensorFlow's own gradient: d_loss[..., None] * backprop.
@@ -361,7 +329,6 @@ def upcast_recompute_gelu(original: Callable, *, xla_scores: bool = True) -> Cal
         if x16 is None:
             return original(x, approximate=approximate)
         out_dtype = x.dtype
-        scope = backward_scope()
 
         @custom_gradient
         def f(x):
@@ -372,7 +339,6 @@ def upcast_recompute_gelu(original: Callable, *, xla_scores: bool = True) -> Cal
             else:
                 y = tf.cast(original(tf.cast(x, tf.float32), approximate=approximate), out_dtype)
 
-            @in_scope(scope)
             def grad(dy):
                 if backward is not None:
                     return backward(x16, tf.cast(dy, out_dtype), approximate)
