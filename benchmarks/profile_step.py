@@ -10,13 +10,20 @@ batches (benchmarks/workloads.py); after warm-up, `--steps` steps run under Tens
 and the host's op events (TF executor ops, one per kernel run) are summed by category. Per step:
 the wall time, the op time by category (ms and share), and the limit: the step time if only
 the matmuls and convolutions cost anything (their share of op time times the wall time). Ops
-run on both cores at once, so op time can exceed wall time; shares are of op time. The XLA
-attention-score kernels are their own category (matmul and element-wise work fused).
+run on both cores at once, so op time can exceed wall time; shares are of op time. keras_amp's XLA
+kernels (attention scores, gelu, the cross-entropy: matmul and element-wise work fused) are their own
+category, read from the events XLA names after its HLO instructions. Op time is
+also split by phase, from each op's node name: the backward pass (names under the gradient tape or
+a gradient function), the optimizer update (under the optimizer's name scope), the forward pass and
+loss (under the model's scope or the loss's), and the rest (metrics, the step counter; a custom
+gradient other than keras_amp's, which TensorFlow names at the root scope). An XLA kernel's phase is
+its call's, or, run outside the call's span, its compiled function's name's.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import glob
 import json
@@ -51,6 +58,7 @@ MOVE = {"Reshape", "Transpose", "_MklTranspose", "ConcatV2", "Concat", "Pack", "
         "ScatterNd", "TensorScatterUpdate", "UnsortedSegmentSum", "IteratorGetNext", "Select", "SelectV2",
         "Range", "ReverseV2", "OptionalGetValue"}
 XLA = {"XlaLaunch", "_XlaRun", "_XlaCompile", "XlaLaunchV2"}
+PHASES = ("forward", "backward", "update", "other")
 CATEGORIES = ("matmul/conv", "element-wise", "cast", "reduction/norm/softmax", "optimizer update",
               "data movement", "XLA kernels")
 _CONTROL = {"_Recv", "_Send", "NoOp", "Placeholder", "_Arg", "_Retval", "Enter", "Exit", "Merge", "Switch",
@@ -79,15 +87,55 @@ def category(op_type: str) -> str | None:
 
 # A TF op's event is named "<node name>:<op type>" (node names hold no ':'); executor and thread-pool
 # events ("ExecutorState::Process", ...) are not ops.
-_OP = re.compile(r"^[^:]+:([A-Za-z_][A-Za-z_0-9]*)$")
+_OP = re.compile(r"^([^:]+):([A-Za-z_][A-Za-z_0-9]*)$")
+_BACKWARD = re.compile(r"(^|/)(gradient_tape|gradients)/|_grad/")
 
 
-def op_times(logdir: str) -> tuple[dict[str, float], dict[str, float]]:
-    """(seconds per category, seconds per op type) from the profiler's XPlane files under `logdir`."""
+def _unsuffixed(scope: str) -> str:
+    return re.sub(r"_\d+$", "", scope)
+
+
+def phase(node: str, model_scope: str, optimizer_scopes: frozenset[str]) -> str:
+    """The phase of the step an op's node name places it in (see the module docstring)."""
+    if _BACKWARD.search(node):
+        return "backward"
+    # Scopes are uniquified when traced again ("adam_1"): a segment is the scope or it plus "_<n>".
+    segments = {_unsuffixed(seg) for seg in node.split("/")}
+    if segments & {_unsuffixed(scope) for scope in optimizer_scopes}:
+        return "update"
+    if _unsuffixed(model_scope) in segments or "compile_loss" in segments:
+        return "forward"
+    return "other"
+
+
+# XLA's CPU kernels appear as events named after their HLO instruction ("dot.1",
+# "multiply_convert_fusion", "wrapped_reduce-window.1"), not as TF ops; executor events are CamelCase.
+_HLO = re.compile(r"^[a-z][a-z0-9_\-]*(\.\d+)*$")
+# Its "hlo_module" stat names the compiled function: "a_inference__scores_gradient_compiled_1702__.2".
+# keras_amp's compiled gradients are named so (backward, gradient), which places an XLA kernel run
+# asynchronously (outside its call's span, as TF 2.21 runs them) in the backward pass.
+_XLA_FUNCTION = re.compile(r"^a_inference_|_\d+__(\.\d+)*$")
+
+
+def _enclosing(calls: list[tuple[int, int, str]], starts: list[int], start: int, end: int) -> str | None:
+    """The node name of the innermost call (of `calls`, sorted; `starts` their starts) whose span holds
+    [start, end]: the latest-starting one."""
+    i = bisect.bisect_right(starts, start) - 1
+    while i >= 0:
+        if calls[i][1] >= end:
+            return calls[i][2]
+        i -= 1
+    return None
+
+
+def op_times(logdir: str, model_scope: str = "", optimizer_scopes: frozenset[str] = frozenset()
+             ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """(seconds per category, per op type, per phase) from the profiler's XPlane files under `logdir`."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: PLC0415
 
     by_cat: dict[str, float] = collections.defaultdict(float)
     by_type: dict[str, float] = collections.defaultdict(float)
+    by_phase: dict[str, float] = collections.defaultdict(float)
     for path in glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True):
         space = xplane_pb2.XSpace()
         with open(path, "rb") as f:
@@ -96,23 +144,48 @@ def op_times(logdir: str) -> tuple[dict[str, float], dict[str, float]]:
             if plane.name != "/host:CPU":
                 continue
             names = {k: m.name for k, m in plane.event_metadata.items()}
+            stat_names = {k: m.name for k, m in plane.stat_metadata.items()}
             for line in plane.lines:
                 if not line.name.startswith("tf_Compute") and "TfOp" not in line.name and line.name != "TF Ops":
                     continue
+                calls, launches, hlo = [], [], []  # calls: (start, end, node); XLA's kernels run inside them
                 for event in line.events:
                     name = names.get(event.metadata_id, "")
                     match = _OP.match(name)
-                    if not match:
-                        continue
-                    op_type = match.group(1)
-                    cat = category(op_type)
                     seconds = event.duration_ps * 1e-12
+                    if not match:
+                        if _HLO.match(name):  # an XLA kernel (a fusion, a dot): its phase is its call's
+                            module = next((stat_names.get(st.ref_value, st.str_value) for st in event.stats
+                                           if stat_names.get(st.metadata_id) == "hlo_module"), "")
+                            hlo.append((event.offset_ps, event.offset_ps + event.duration_ps, module))
+                        continue
+                    node, op_type = match.groups()
+                    cat = category(op_type)
                     if cat is None:  # a call's body's ops count; the call's span is kept apart
                         by_type["(calls) " + op_type] += seconds
+                        calls.append((event.offset_ps, event.offset_ps + event.duration_ps, node))
                         continue
                     by_cat[cat] += seconds
                     by_type[op_type] += seconds
-    return dict(by_cat), dict(by_type)
+                    by_phase[phase(node, model_scope, optimizer_scopes)] += seconds
+                    if op_type in XLA:  # a cluster's op event: its kernels' time, counted once (here)
+                        launches.append((event.offset_ps, event.offset_ps + event.duration_ps, node))
+                calls.sort()
+                launches.sort()
+                starts, launch_starts = [c[0] for c in calls], [c[0] for c in launches]
+                for start, end, module in hlo:
+                    if _enclosing(launches, launch_starts, start, end) is not None:
+                        continue
+                    seconds = (end - start) * 1e-12
+                    function = _XLA_FUNCTION.sub("", module) or "?"
+                    by_cat["XLA kernels"] += seconds
+                    by_type["XLA " + function] += seconds
+                    node = _enclosing(calls, starts, start, end)
+                    if node is not None:
+                        by_phase[phase(node, model_scope, optimizer_scopes)] += seconds
+                    else:  # run asynchronously, outside its call's span: the function's name says
+                        by_phase["backward" if re.search("backward|grad", function) else "forward"] += seconds
+    return dict(by_cat), dict(by_type), dict(by_phase)
 
 
 def run_one(workload: str, config: str, steps: int, smoke: bool) -> dict:
@@ -139,10 +212,13 @@ def run_one(workload: str, config: str, steps: int, smoke: bool) -> dict:
     keras.ops.convert_to_numpy(logs["loss"])
     wall = (time.perf_counter() - start) / steps
     tf.profiler.experimental.stop()
-    by_cat, by_type = op_times(logdir)
+    optimizer = model.optimizer
+    scopes = frozenset(o.name for o in (optimizer, getattr(optimizer, "inner_optimizer", None)) if o is not None)
+    by_cat, by_type, by_phase = op_times(logdir, model.name, scopes)
     del batch
     return {"workload": workload, "config": config, "steps": steps, "wall_ms": wall * 1e3,
             "ms": {c: by_cat.get(c, 0.0) / steps * 1e3 for c in CATEGORIES},
+            "phase_ms": {p: by_phase.get(p, 0.0) / steps * 1e3 for p in PHASES},
             "top_types": sorted(((t, v / steps * 1e3) for t, v in by_type.items()), key=lambda x: -x[1])[:12]}
 
 
@@ -162,6 +238,17 @@ def table(results: list[dict]) -> list[str]:
     return rows
 
 
+def phase_table(results: list[dict]) -> list[str]:
+    """Op ms per step by phase (forward + loss, backward, optimizer update, the rest)."""
+    rows = ["| workload | config | " + " | ".join(PHASES) + " |", "|---|---|" + "---|" * len(PHASES)]
+    for r in results:
+        if "error" not in r:
+            total = sum(r["phase_ms"].values()) or 1e-9
+            rows.append(f"| {r['workload']} | {r['config']} | " + " | ".join(
+                f"{r['phase_ms'][p]:.1f} ({100 * r['phase_ms'][p] / total:.0f}%)" for p in PHASES) + " |")
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="+", default=["cnn", "transformer", "lstm"])
@@ -174,6 +261,7 @@ def main(argv=None) -> int:
     if args.one:
         print(json.dumps(run_one(*args.one, args.steps, args.smoke)))
         return 0
+    import_tensorflow_quietly()
     import keras_amp  # noqa: PLC0415
     import workloads  # noqa: PLC0415
 
@@ -188,6 +276,8 @@ def main(argv=None) -> int:
     print(f"Machine: {keras_amp.hardware.detect().summary()}; {os.cpu_count()} logical CPUs; "
           f"{args.steps} profiled steps per run")
     print("\n".join(table(results)))
+    print("\nOp ms per step by phase:")
+    print("\n".join(phase_table(results)))
     for r in results:
         if "error" not in r:
             print(f"{r['workload']} {r['config']} top op types (ms/step): "

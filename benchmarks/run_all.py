@@ -376,7 +376,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"time": results, "memory": memory, "loss_scale": loss_scale}, indent=1))
     if results_path:
-        Path(results_path).write_text(RESULTS_HEADER + text + "\n")
+        picture = ""
+        if plot_path and Path(plot_path).resolve().parent == Path(results_path).resolve().parent:
+            picture = f"\n\n![The step-time and memory figures above, as bars]({Path(plot_path).name})"
+        Path(results_path).write_text(RESULTS_HEADER + text + picture + "\n")
         print(f"written to {results_path}")
     plot_table.write(plot_path, results, memory, loss_scale, text.splitlines()[:3])
     return 1 if failed else 0

@@ -81,6 +81,7 @@ def test_suite_prints_the_table(tmp_path):
     # The picture beside the report, from the same raw results; plot_table.py redraws it from --json.
     assert f"picture: {tmp_path / 'RESULTS.png'}" in out
     assert_png(tmp_path / "RESULTS.png")
+    assert written.rstrip().endswith("(RESULTS.png)")  # the report shows its picture
     import plot_table  # noqa: PLC0415  (benchmarks/ is on sys.path above)
 
     raw = json.loads((tmp_path / "raw.json").read_text())
@@ -204,6 +205,39 @@ def test_lean_benchmark_lora_case_is_bit_identical_and_smaller(tmp_path):
     assert runs["amp_frozen32"]["state_bytes"]["total"] == runs["stock"]["state_bytes"]["total"]
 
 
+@pytest.mark.parametrize("node, expected", [
+    # Names as TF 2.21's profiler gives them for the benchmark models (scopes uniquified when retraced).
+    ("StatefulPartitionedCall/transformer_lm_1/block_0_1/attn_1/MatMul:_MklBatchMatMulV2", "forward"),
+    ("StatefulPartitionedCall/compile_loss/sparse_categorical_crossentropy/Sum", "forward"),
+    ("StatefulPartitionedCall/gradient_tape/transformer_lm_1/block_0_1/ffn_1/MatMul_1", "backward"),
+    ("StatefulPartitionedCall/lstm_lm_1/lstm_0_1/while/body/_36/lstm_lm_1/lstm_0_1/while/gradient_tape/x/"
+     "TensorListGetItem_grad/TensorListLength", "backward"),  # a gradient accumulator in the forward loop
+    ("StatefulPartitionedCall/x/IdentityN_grad/MatMul", "backward"),
+    ("StatefulPartitionedCall/adam/UnsortedSegmentSum_1", "update"),
+    ("StatefulPartitionedCall/loss_scale_optimizer_2/Select", "update"),
+    ("StatefulPartitionedCall/MatMul_10", "other"),  # a custom gradient's op, named outside any scope
+    ("StatefulPartitionedCall/AssignVariableOp_2", "other"),
+])
+def test_step_profile_phase_of_an_op_by_its_node_name(node, expected):
+    import profile_step  # noqa: PLC0415  (benchmarks/ is on sys.path above)
+
+    scopes = frozenset({"loss_scale_optimizer", "adam"})
+    assert profile_step.phase(node, "transformer_lm" if "transformer" in node else "lstm_lm", scopes) == expected
+
+
+@pytest.mark.parametrize("module, function", [
+    ("a_inference__scores_gradient_compiled_1702__.2", "_scores_gradient_compiled"),
+    ("a_inference_backward_1554__.1", "backward"),
+    ("a_inference__probabilities_compiled_742__", "_probabilities_compiled"),
+])
+def test_step_profile_names_an_xla_kernels_function_from_its_module(module, function):
+    import profile_step  # noqa: PLC0415
+
+    assert profile_step._XLA_FUNCTION.sub("", module) == function
+    assert profile_step._HLO.match("wrapped_reduce-window.1") and profile_step._HLO.match("dot.1")
+    assert not profile_step._HLO.match("ExecutorState::ProcessAsync::Start")
+
+
 @pytest.mark.slow
 def test_step_profile_sums_the_ops_by_category(tmp_path):
     """profile_step.py (smoke sizes): the profiler's op events are read and the matmuls are found."""
@@ -217,3 +251,9 @@ def test_step_profile_sums_the_ops_by_category(tmp_path):
     assert run["ms"]["matmul/conv"] > 0 and run["wall_ms"] > 0, run
     assert any(t.startswith("_Mkl") or "MatMul" in t for t, _ in run["top_types"]), run["top_types"]
     assert "| transformer | amp_bf16 |" in proc.stdout and "Machine: " in proc.stdout
+    # Every op lands in one phase; the forward pass, the backward pass and the update are each found.
+    assert sum(run["phase_ms"].values()) == pytest.approx(sum(run["ms"].values()), rel=1e-6)
+    assert min(run["phase_ms"][p] for p in ("forward", "backward", "update")) > 0, run["phase_ms"]
+    assert "Op ms per step by phase:" in proc.stdout
+    # keras_amp's XLA kernels (scores, gelu, cross-entropy) are read from XLA's own events, by function.
+    assert run["ms"]["XLA kernels"] > 0, run["ms"]
