@@ -4,6 +4,7 @@ optimizer update, data movement.
     python benchmarks/profile_step.py                               # cnn, transformer, lstm; float32 and keras_amp
     python benchmarks/profile_step.py --workloads transformer --configs amp_bf16 stock_bf16
     python benchmarks/profile_step.py --smoke                       # tiny sizes: checks that it runs
+    python benchmarks/profile_step.py --forward                     # the inference forward pass instead
 
 Each (workload, configuration) trains in a process of its own on the benchmark's model and cached
 batches (benchmarks/workloads.py); after warm-up, `--steps` steps run under TensorFlow's profiler,
@@ -12,12 +13,11 @@ the wall time, the op time by category (ms and share), and the limit: the step t
 the matmuls and convolutions cost anything (their share of op time times the wall time). Ops
 run on both cores at once, so op time can exceed wall time; shares are of op time. keras_amp's XLA
 kernels (attention scores, gelu, the cross-entropy: matmul and element-wise work fused) are their own
-category, read from the events XLA names after its HLO instructions. Op time is
+category, read from XLA's own events (below). Op time is
 also split by phase, from each op's node name: the backward pass (names under the gradient tape or
 a gradient function), the optimizer update (under the optimizer's name scope), the forward pass and
 loss (under the model's scope or the loss's), and the rest (metrics, the step counter; a custom
-gradient other than keras_amp's, which TensorFlow names at the root scope). An XLA kernel's phase is
-its call's, or, run outside the call's span, its compiled function's name's.
+gradient other than keras_amp's, which TensorFlow names at the root scope).
 """
 
 from __future__ import annotations
@@ -108,12 +108,15 @@ def phase(node: str, model_scope: str, optimizer_scopes: frozenset[str]) -> str:
     return "other"
 
 
-# XLA's CPU kernels appear as events named after their HLO instruction ("dot.1",
-# "multiply_convert_fusion", "wrapped_reduce-window.1"), not as TF ops; executor events are CamelCase.
+# TF 2.21 runs an XLA computation as no TF op: its call is an asynchronous kernel
+# ("ExecutorState::ProcessAsync::Start", its node name a stat), the computation one
+# "CpuExecutable::ExecuteAsyncOnStream" span on the calling thread (its parallel parts run on the
+# Eigen pool inside that span, as a oneDNN op's threads do), and inside it each HLO kernel an event
+# named after its instruction ("dot.1", "multiply_convert_fusion"), whose "hlo_module" stat names
+# the compiled function: "a_inference__scores_gradient_compiled_1702__.2".
+_XLA_RUN = "CpuExecutable::ExecuteAsyncOnStream"
+_ASYNC_START = "ExecutorState::ProcessAsync::Start"
 _HLO = re.compile(r"^[a-z][a-z0-9_\-]*(\.\d+)*$")
-# Its "hlo_module" stat names the compiled function: "a_inference__scores_gradient_compiled_1702__.2".
-# keras_amp's compiled gradients are named so (backward, gradient), which places an XLA kernel run
-# asynchronously (outside its call's span, as TF 2.21 runs them) in the backward pass.
 _XLA_FUNCTION = re.compile(r"^a_inference_|_\d+__(\.\d+)*$")
 
 
@@ -126,6 +129,29 @@ def _enclosing(calls: list[tuple[int, int, str]], starts: list[int], start: int,
             return calls[i][2]
         i -= 1
     return None
+
+
+def _add_xla_runs(runs, calls, launches, hlo, by_cat, by_type, by_phase, phase_of) -> None:
+    """Adds each XLA computation's run on one thread (`runs`: (start, end)) to the totals: its phase
+    is its enclosing call's (else its function's name's: keras_amp names its compiled gradients
+    *backward*/*gradient*), its type "XLA <function>" from the first HLO kernel inside it."""
+    calls, launches = sorted(calls), sorted(launches)
+    call_starts, launch_starts = [c[0] for c in calls], [c[0] for c in launches]
+    hlo_starts = [h[0] for h in hlo]
+    for start, end in runs:
+        if _enclosing(launches, launch_starts, start, end) is not None:
+            continue
+        seconds = (end - start) * 1e-12
+        i = bisect.bisect_left(hlo_starts, start)
+        module = hlo[i][1] if i < len(hlo) and hlo[i][0] <= end else ""
+        function = _XLA_FUNCTION.sub("", module) or "?"
+        by_cat["XLA kernels"] += seconds
+        by_type["XLA " + function] += seconds
+        node = _enclosing(calls, call_starts, start, end)
+        if node is not None:
+            by_phase[phase_of(node)] += seconds
+        else:
+            by_phase["backward" if re.search("backward|grad", function) else "forward"] += seconds
 
 
 def op_times(logdir: str, model_scope: str = "", optimizer_scopes: frozenset[str] = frozenset()
@@ -145,50 +171,49 @@ def op_times(logdir: str, model_scope: str = "", optimizer_scopes: frozenset[str
                 continue
             names = {k: m.name for k, m in plane.event_metadata.items()}
             stat_names = {k: m.name for k, m in plane.stat_metadata.items()}
+
+            def text(stat):  # a string stat: inline, or interned as a stat metadata's name
+                return stat_names.get(stat.ref_value, "") if stat.ref_value else stat.str_value
+
             for line in plane.lines:
                 if not line.name.startswith("tf_Compute") and "TfOp" not in line.name and line.name != "TF Ops":
                     continue
-                calls, launches, hlo = [], [], []  # calls: (start, end, node); XLA's kernels run inside them
+                # calls: (start, end, node) of function calls, XLA's included ("ProcessAsync::Start",
+                # its node name a stat); runs: XLA computations on the calling thread; hlo: (start, module)
+                calls, launches, runs, hlo = [], [], [], []
                 for event in line.events:
                     name = names.get(event.metadata_id, "")
+                    span = (event.offset_ps, event.offset_ps + event.duration_ps)
                     match = _OP.match(name)
-                    seconds = event.duration_ps * 1e-12
                     if not match:
-                        if _HLO.match(name):  # an XLA kernel (a fusion, a dot): its phase is its call's
-                            module = next((stat_names.get(st.ref_value, st.str_value) for st in event.stats
-                                           if stat_names.get(st.metadata_id) == "hlo_module"), "")
-                            hlo.append((event.offset_ps, event.offset_ps + event.duration_ps, module))
+                        stats = {stat_names.get(st.metadata_id): st for st in event.stats}
+                        if name == _XLA_RUN:
+                            runs.append(span)
+                        elif name == _ASYNC_START and "name" in stats:
+                            calls.append((*span, text(stats["name"])))
+                        elif _HLO.match(name) and "hlo_module" in stats:
+                            hlo.append((span[0], text(stats["hlo_module"])))
                         continue
                     node, op_type = match.groups()
                     cat = category(op_type)
+                    seconds = event.duration_ps * 1e-12
                     if cat is None:  # a call's body's ops count; the call's span is kept apart
                         by_type["(calls) " + op_type] += seconds
-                        calls.append((event.offset_ps, event.offset_ps + event.duration_ps, node))
+                        calls.append((*span, node))
                         continue
                     by_cat[cat] += seconds
                     by_type[op_type] += seconds
                     by_phase[phase(node, model_scope, optimizer_scopes)] += seconds
-                    if op_type in XLA:  # a cluster's op event: its kernels' time, counted once (here)
-                        launches.append((event.offset_ps, event.offset_ps + event.duration_ps, node))
-                calls.sort()
-                launches.sort()
-                starts, launch_starts = [c[0] for c in calls], [c[0] for c in launches]
-                for start, end, module in hlo:
-                    if _enclosing(launches, launch_starts, start, end) is not None:
-                        continue
-                    seconds = (end - start) * 1e-12
-                    function = _XLA_FUNCTION.sub("", module) or "?"
-                    by_cat["XLA kernels"] += seconds
-                    by_type["XLA " + function] += seconds
-                    node = _enclosing(calls, starts, start, end)
-                    if node is not None:
-                        by_phase[phase(node, model_scope, optimizer_scopes)] += seconds
-                    else:  # run asynchronously, outside its call's span: the function's name says
-                        by_phase["backward" if re.search("backward|grad", function) else "forward"] += seconds
+                    if op_type in XLA:  # a cluster's op event: its computation's time, counted once (here)
+                        launches.append((*span, node))
+                _add_xla_runs(runs, calls, launches, sorted(hlo), by_cat, by_type, by_phase,
+                              lambda node: phase(node, model_scope, optimizer_scopes))
     return dict(by_cat), dict(by_type), dict(by_phase)
 
 
-def run_one(workload: str, config: str, steps: int, smoke: bool) -> dict:
+def run_one(workload: str, config: str, steps: int, smoke: bool, forward: bool = False) -> dict:
+    """One configuration's profile: of `steps` training steps, or with `forward` of as many inference
+    forward passes (`bench_time.forward_function`, on one cached batch)."""
     import_tensorflow_quietly()
     import keras  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
@@ -200,22 +225,27 @@ def run_one(workload: str, config: str, steps: int, smoke: bool) -> dict:
     data = workloads.dataset(workload, s)
     batch = next(iter(data))
     model.fit(data, steps_per_epoch=3, epochs=1, verbose=0)  # traces, builds the optimizer
-    step = model.make_train_function()
-    iterator = iter(data.repeat())
+    if forward:
+        import bench_time  # noqa: PLC0415
+
+        call, x = bench_time.forward_function(model), batch[0]
+        run = lambda: call(x)  # noqa: E731
+    else:
+        step, iterator = model.make_train_function(), iter(data.repeat())
+        run = lambda: step(iterator)["loss"]  # noqa: E731
     for _ in range(3):
-        step(iterator)
+        run()
     logdir = tempfile.mkdtemp(prefix="profile_step_")
     tf.profiler.experimental.start(logdir)
     start = time.perf_counter()
     for _ in range(steps):
-        logs = step(iterator)
-    keras.ops.convert_to_numpy(logs["loss"])
+        out = run()
+    keras.ops.convert_to_numpy(out)
     wall = (time.perf_counter() - start) / steps
     tf.profiler.experimental.stop()
     optimizer = model.optimizer
     scopes = frozenset(o.name for o in (optimizer, getattr(optimizer, "inner_optimizer", None)) if o is not None)
     by_cat, by_type, by_phase = op_times(logdir, model.name, scopes)
-    del batch
     return {"workload": workload, "config": config, "steps": steps, "wall_ms": wall * 1e3,
             "ms": {c: by_cat.get(c, 0.0) / steps * 1e3 for c in CATEGORIES},
             "phase_ms": {p: by_phase.get(p, 0.0) / steps * 1e3 for p in PHASES},
@@ -255,11 +285,13 @@ def main(argv=None) -> int:
     parser.add_argument("--configs", nargs="+", default=["float32", "stock_bf16", "amp_bf16"])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--forward", action="store_true",
+                        help="profile the inference forward pass (model(x, training=False)), not the training step")
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "CONFIG"), help=argparse.SUPPRESS)
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(run_one(*args.one, args.steps, args.smoke)))
+        print(json.dumps(run_one(*args.one, args.steps, args.smoke, args.forward)))
         return 0
     import_tensorflow_quietly()
     import keras_amp  # noqa: PLC0415
@@ -269,12 +301,13 @@ def main(argv=None) -> int:
     for w in args.workloads:
         for c in args.configs:
             cmd = [sys.executable, os.path.abspath(__file__), "--one", w, c, "--steps", str(args.steps)]
-            result = workloads.child_json(cmd + (["--smoke"] if args.smoke else []))
+            cmd += (["--smoke"] if args.smoke else []) + (["--forward"] if args.forward else [])
+            result = workloads.child_json(cmd)
             results.append({"workload": w, "config": c, **result} if "error" in result else result)
             if "error" in results[-1]:
                 print(f"{w} {c} failed:\n{results[-1]['error']}", file=sys.stderr)
     print(f"Machine: {keras_amp.hardware.detect().summary()}; {os.cpu_count()} logical CPUs; "
-          f"{args.steps} profiled steps per run")
+          f"{args.steps} profiled {'inference forward passes' if args.forward else 'training steps'} per run")
     print("\n".join(table(results)))
     print("\nOp ms per step by phase:")
     print("\n".join(phase_table(results)))

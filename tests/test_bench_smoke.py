@@ -238,6 +238,28 @@ def test_step_profile_names_an_xla_kernels_function_from_its_module(module, func
     assert not profile_step._HLO.match("ExecutorState::ProcessAsync::Start")
 
 
+def test_step_profile_places_each_xla_run_by_its_call_and_names_it_by_its_function():
+    import collections  # noqa: PLC0415
+
+    import profile_step  # noqa: PLC0415
+
+    calls = [(0, 100, "StatefulPartitionedCall/m_1/ffn_in_0_1/PartitionedCall"),
+             (200, 300, "StatefulPartitionedCall/gradient_tape/m_1/mha_0_1/PartitionedCall")]
+    hlo = [(10, "a_inference_forward_434__.1"), (210, "a_inference__scores_gradient_compiled_1702__.2"),
+           (410, "a_inference_backward_1554__.1"), (610, "a_inference_forward_9__")]
+    runs = [(5, 95), (205, 295), (405, 495), (605, 695)]
+    launches = [(600, 700, "x:XlaLaunch")]  # a cluster's op event already holds that run: not counted twice
+    by_cat, by_type, by_phase = (collections.defaultdict(float) for _ in range(3))
+    profile_step._add_xla_runs(runs, calls, launches, hlo, by_cat, by_type, by_phase,
+                               lambda node: profile_step.phase(node, "m", frozenset({"adam"})))
+    ps = 1e-12
+    assert by_cat == pytest.approx({"XLA kernels": 270 * ps})
+    assert by_type == pytest.approx({"XLA forward": 90 * ps, "XLA _scores_gradient_compiled": 90 * ps,
+                                     "XLA backward": 90 * ps})
+    # The third run has no call around it: keras_amp's compiled gradient is named "backward".
+    assert by_phase == pytest.approx({"forward": 90 * ps, "backward": 180 * ps})
+
+
 @pytest.mark.slow
 def test_step_profile_sums_the_ops_by_category(tmp_path):
     """profile_step.py (smoke sizes): the profiler's op events are read and the matmuls are found."""

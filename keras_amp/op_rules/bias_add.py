@@ -21,6 +21,13 @@ bfloat16, by the fastest kernel that accumulates in float32 on the device (`grad
 
 A channels-first input (a bias along axis 1) takes "sum" where "matmul" was chosen.
 
+Where the input is a matmul's (rows, channels) result reshaped with its last axis kept (Keras's
+Dense on a rank-3+ input: TensorFlow's `tensordot`), the bias is added to the matmul's result and
+the sum reshaped: the same numbers in the same order (a reshape that keeps the last axis keeps each
+element's channel), but the bias add now follows its matmul, where oneDNN fuses them into one kernel
+that adds the bias in float32 and rounds once (two roundings before, stock's too). The reshape
+between them had kept that fusion from every Transformer's projections and vocabulary head.
+
 Only for bfloat16 operands: float16 keeps TensorFlow's kernel, which already accumulates in float32.
 """
 
@@ -90,6 +97,22 @@ def channel_axis(x: tf.Tensor, bias: tf.Tensor) -> int | None:
     return 1 if dims[1] == kept[0] else None
 
 
+_MATMULS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3")
+
+
+def matmul_rows(x: tf.Tensor) -> tf.Tensor | None:
+    """The (rows, channels) matmul result that `x` reshapes, keeping its last axis (Keras's Dense on
+    a rank-3+ input: TF's `tensordot` reshapes the input to rows, multiplies, reshapes back), else
+    None. In graph mode only."""
+    if tf.executing_eagerly() or not hasattr(x, "op") or x.op.type != "Reshape":
+        return None
+    rows = x.op.inputs[0]
+    if rows.shape.rank != 2 or rows.op.type not in _MATMULS or rows.dtype != x.dtype:
+        return None
+    last = rows.shape[-1]
+    return rows if last is not None and last == x.shape[-1] else None
+
+
 def float32_bias_gradient(original: Callable) -> Callable:
     """Replaces the TF backend's `add` for a bfloat16 bias add (module doc); every other add is the original."""
 
@@ -110,7 +133,13 @@ def float32_bias_gradient(original: Callable) -> Callable:
 
             return tf.nn.bias_add(x, bias, data_format=data_format), grad
 
-        return biased(x1, tf.reshape(x2, [channels]) if x2.shape.rank != 1 else x2)
+        bias = tf.reshape(x2, [channels]) if x2.shape.rank != 1 else x2
+        rows = matmul_rows(x1) if axis == -1 else None
+        if rows is not None:  # the bias added to the matmul's rows, then their reshape (module doc)
+            y = tf.reshape(biased(rows, bias), x1.op.inputs[1])
+            y.set_shape(x1.shape)
+            return y
+        return biased(x1, bias)
 
     add.__name__ = add.__qualname__ = original.__name__
     return add

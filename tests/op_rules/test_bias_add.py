@@ -113,6 +113,39 @@ def test_layer_bias_gradient_matches_float64_where_stock_is_far_off(name, graph)
     assert np.max(np.abs(stock[2] - ref) / np.abs(ref)) > 0.5  # guard: stock is far off
 
 
+@pytest.mark.parametrize("graph", [True, False], ids=["graph", "eager"])
+def test_dense_on_a_sequence_adds_the_bias_beside_its_matmul_one_rounding_where_fused(graph):
+    rng = np.random.default_rng(3)
+    shape, units = (16, 64, 128), 256
+    x = tf.constant(rng.standard_normal(shape), tf.float32)
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    keras.utils.set_random_seed(0)
+    layer = keras.layers.Dense(units)
+    layer.build(shape)
+    layer.bias.assign(4.0 * rng.standard_normal(units))  # a bias that matters (Keras starts at zero)
+    upstream = tf.constant(rng.standard_normal(shape[:-1] + (units,)), tf.float32)
+    stock = _layer_gradients(layer, x, upstream, graph)
+    keras_amp.enable("mixed_bfloat16")
+    ours = _layer_gradients(layer, x, upstream, graph)
+    np.testing.assert_array_equal(ours[1], stock[1])  # the input's gradient: stock's, bit for bit
+    # float64 reference from the bfloat16 operands; the unfused path's bound: the matmul's float32
+    # accumulation, then two roundings (the matmul's result, the sum with the bias; unit roundoff 2^-8).
+    as64 = lambda t: np.asarray(tf.cast(tf.cast(t, tf.bfloat16), tf.float64))  # noqa: E731
+    xw = np.tensordot(as64(x), as64(layer.kernel), 1)
+    ref = xw + as64(layer.bias)
+    bound = 2.0**-8 * (1.01 * np.abs(xw) + np.abs(ref)) + shape[-1] * 2.0**-24 * np.tensordot(
+        np.abs(as64(x)), np.abs(as64(layer.kernel)), 1)
+    assert np.all(np.abs(ours[0] - ref) <= bound), np.max(np.abs(ours[0] - ref) / bound)
+    rounded = np.asarray(tf.cast(tf.cast(ref, tf.bfloat16), tf.float64))  # ref, rounded once
+    if graph:
+        graph_def = tf.function(lambda x: layer(x)).get_concrete_function(x).graph
+        feeds = [op.inputs[0].op.type for op in graph_def.get_operations() if op.type == "BiasAdd"]
+        assert feeds == ["MatMul"], feeds  # beside its matmul, which oneDNN fuses it into
+    if graph and NATIVE_BF16:  # oneDNN's fused bfloat16 kernel: the bias added in float32, one rounding
+        assert np.mean(ours[0] == rounded) > 0.999, np.mean(ours[0] == rounded)
+        assert np.mean(stock[0] == rounded) < 0.95  # stock: two roundings (the reshape kept them apart)
+
+
 def test_channels_first_add_and_xla():
     rng = np.random.default_rng(2)
     x = tf.cast(rng.standard_normal((64, 12, 100)), tf.bfloat16)  # a bias along axis 1 (Keras: NCHW)
