@@ -42,6 +42,7 @@ OP_ATTENTION = "op rules (float32 attention scores)"
 OP_MATMUL = "op rules (16-bit matmuls in Matmul16DTypePolicy layers)"
 OP_LEAN = "op rules (16-bit tensors kept for the backward pass)"
 OP_DROPOUT = "op rules (16-bit dropout masks from half the random words)"
+OP_GELU_FUSION = "op rules (a bfloat16 gelu fused into its matmul for inference)"
 ATTENTION_LAYER = "keras_amp.layers.MultiHeadAttention"
 RECURRENT_LAYERS = "keras_amp.layers.LSTM / GRU"
 FLOAT32_LAYERS = "keras_amp float32-island layers"
@@ -165,6 +166,7 @@ PINS: tuple[Pin, ...] = (
     Pin("keras.src.backend.tensorflow.trainer.TensorFlowTrainer.make_predict_function", "a772a2efdd906f9a", (RECIPES, MEMORY,)),
     Pin("keras.src.backend.tensorflow.trainer.TensorFlowTrainer.fit", "a9a6dc02a7ddafa8", (AUTO_PRECISION,)),
     Pin("tensorflow.python.eager.record.record_operation", "6717cb36031a93d2", (GRADIENTS,)),
+    Pin("tensorflow.python.eager.record.could_possibly_record", "c69b28411f4c773c", (OP_GELU_FUSION,)),
     # The precision decisions ride in Keras's checkpoints: a saveable attribute the saving walk visits.
     Pin("keras.src.saving.keras_saveable.KerasSaveable", "873b7d4c0312252b", (AUTO_PRECISION,)),
     Pin("keras.src.saving.saving_lib._save_state", "472e9cc9267e3c4b", (AUTO_PRECISION,)),

@@ -77,9 +77,10 @@ def _gradient_matmuls(d_key_eq, d_query_eq, g, key, query):
 def _scores_float32_out(equation, key, query, scale):
     """`einsum(equation, key, query) * scale` of 16-bit operands, float32 accumulation and result.
 
-    XLA (CPU and GPU) folds the casts into a 16-bit dot with float32 accumulation: the result
-    equals the float32 einsum of the float32 copies (products of 16-bit numbers are exact in
-    float32) at the 16-bit matmul's speed. Without XLA, TensorFlow 2.21 runs that einsum as a
+    XLA folds the casts into a 16-bit dot with float32 accumulation: the result equals the float32
+    einsum of the float32 copies (products of 16-bit numbers are exact in float32). A GPU runs it
+    at the 16-bit matmul's speed; XLA's CPU dot computes in float32 (its oneDNN, XNNPACK and YNN
+    options did not change that in TF 2.21). Without XLA, TensorFlow 2.21 runs that einsum as a
     float32 matmul on the CPU (no 16-bit x 16-bit -> float32 kernel there).
     """
     return tf.einsum(equation, tf.cast(key, tf.float32), tf.cast(query, tf.float32)) * scale
@@ -192,7 +193,7 @@ def compute_dtype_probabilities(equation, key, query, scale, mask, num_axes):
     it; masked positions have p = 0 and get no gradient), rounded to the compute dtype, and the
     two gradient matmuls in the compute dtype, as stock's. The forward and the softmax gradient
     are XLA computations (`_probabilities_compiled`, `_scores_gradient_compiled`): fused, the
-    float32 scores are never written to memory and the dot runs at the 16-bit speed. Run
+    float32 scores are never written to memory (the dot's speed: `_scores_float32_out`). Run
     uncompiled, this custom gradient measured a higher TF allocator peak than TF's own gradient
     of the unfused ops (283.5 vs 265 MiB on the benchmark Transformer), so without XLA
     (`enable(xla_scores=False)`) `float32_attention` uses the unfused ops instead.

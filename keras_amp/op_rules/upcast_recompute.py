@@ -32,6 +32,7 @@ import tensorflow as tf
 from keras_amp.custom_gradient import custom_gradient
 from keras_amp.numerics import cross_entropy
 from keras_amp.numerics import gelu as gelu_numerics
+from keras_amp.op_rules import fused_gelu
 
 _16BIT = (tf.float16, tf.bfloat16)
 
@@ -329,6 +330,9 @@ def upcast_recompute_gelu(original: Callable, *, xla_scores: bool = True) -> Cal
         if x16 is None:
             return original(x, approximate=approximate)
         out_dtype = x.dtype
+        fused = fused_gelu.inference_gelu(x16, approximate, out_dtype)
+        if fused is not None:  # inference, oneDNN: fused into the matmul, in float32 (fused_gelu.py)
+            return fused
 
         @custom_gradient
         def f(x):
