@@ -100,17 +100,22 @@ def channel_axis(x: tf.Tensor, bias: tf.Tensor) -> int | None:
 _MATMULS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3")
 
 
+def reshaped_rows(x: tf.Tensor) -> tf.Tensor | None:
+    """The 2-D (rows, channels) tensor that `x` is a reshape of, keeping its last axis (so each
+    element keeps its channel), else None. In graph mode only."""
+    if tf.executing_eagerly() or not hasattr(x, "op") or x.op.type != "Reshape":
+        return None
+    rows = x.op.inputs[0]
+    last = rows.shape[-1] if rows.shape.rank == 2 else None
+    return rows if last is not None and last == x.shape[-1] and rows.dtype == x.dtype else None
+
+
 def matmul_rows(x: tf.Tensor) -> tf.Tensor | None:
     """The (rows, channels) matmul result that `x` reshapes, keeping its last axis (Keras's Dense on
     a rank-3+ input: TF's `tensordot` reshapes the input to rows, multiplies, reshapes back), else
     None. In graph mode only."""
-    if tf.executing_eagerly() or not hasattr(x, "op") or x.op.type != "Reshape":
-        return None
-    rows = x.op.inputs[0]
-    if rows.shape.rank != 2 or rows.op.type not in _MATMULS or rows.dtype != x.dtype:
-        return None
-    last = rows.shape[-1]
-    return rows if last is not None and last == x.shape[-1] else None
+    rows = reshaped_rows(x)
+    return rows if rows is not None and rows.op.type in _MATMULS else None
 
 
 def float32_bias_gradient(original: Callable) -> Callable:

@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from keras_amp import _compat, hardware
 from keras_amp.custom_gradient import is_transparent
+from keras_amp.op_rules import bias_add
 
 _could_possibly_record = _compat.original("tensorflow.python.eager.record.could_possibly_record")
 
@@ -49,11 +50,10 @@ def _matmul_bias(x16: tf.Tensor) -> tf.Tensor | None:
     so far; else None."""
     if len(x16.consumers()) > 1:
         return None
-    t = x16
-    if t.op.type == "Reshape":
-        t = t.op.inputs[0]
-        if t.shape.rank != 2 or t.shape[-1] != x16.shape[-1] or len(t.consumers()) > 1:
-            return None
+    rows = bias_add.reshaped_rows(x16)
+    if rows is not None and len(rows.consumers()) > 1:
+        return None
+    t = x16 if rows is None else rows
     op = t.op
     if is_transparent(op):
         if t.value_index != 0:
