@@ -28,10 +28,14 @@ from typing import Any, Iterable
 
 import keras
 import tensorflow as tf
+from tensorflow.core.framework import op_def_pb2
+from tensorflow.python.framework import op_def_registry
 
 from keras_amp.policy import AmpWarning
 
 TESTED_KERAS = "3.15."
+# A pin named OP_DEF + an op type is that op's registered OpDef (digest: of its serialised proto).
+OP_DEF = "tensorflow op "
 TESTED_TENSORFLOW = "2.21."
 
 # Features: the keras_amp parts that stand on private objects, and what a user loses when one is off.
@@ -43,6 +47,7 @@ OP_MATMUL = "op rules (16-bit matmuls in Matmul16DTypePolicy layers)"
 OP_LEAN = "op rules (16-bit tensors kept for the backward pass)"
 OP_DROPOUT = "op rules (16-bit dropout masks from half the random words)"
 OP_GELU_FUSION = "op rules (a bfloat16 gelu fused into its matmul for inference)"
+OP_LAYER_NORM_FUSION = "op rules (layer normalisation as oneDNN's fused kernel for inference)"
 ATTENTION_LAYER = "keras_amp.layers.MultiHeadAttention"
 RECURRENT_LAYERS = "keras_amp.layers.LSTM / GRU"
 FLOAT32_LAYERS = "keras_amp float32-island layers"
@@ -131,6 +136,7 @@ PINS: tuple[Pin, ...] = (
     Pin("keras.src.backend.tensorflow.nn._apply_masks", "002efd810c138eeb", (OP_ATTENTION,)),
     Pin("keras.src.backend.tensorflow.numpy.matmul", "9f471e0ba26e3c20", (OP_MATMUL,)),
     Pin("keras.src.backend.tensorflow.numpy.add", "1653b2b6aa63cb40", (OP_RULES,)),
+    Pin("keras.src.backend.tensorflow.numpy.einsum", "9eb60d0ed811e577", (OP_RULES,)),
     Pin("keras.src.backend.tensorflow.core.cast", "844aea66b0364ca4", (OP_RULES,)),
     Pin("keras.src.layers.layer.Layer.__call__", "4fb7e42e4ffd9b1a", (OP_ATTENTION, OP_MATMUL, FLOAT32_LAYERS, ATTRIBUTION,)),
     Pin("keras.src.layers.layer.Layer._open_name_scope", "9197bac9543ef95a", (OP_ATTENTION, OP_MATMUL,)),
@@ -166,7 +172,9 @@ PINS: tuple[Pin, ...] = (
     Pin("keras.src.backend.tensorflow.trainer.TensorFlowTrainer.make_predict_function", "a772a2efdd906f9a", (RECIPES, MEMORY,)),
     Pin("keras.src.backend.tensorflow.trainer.TensorFlowTrainer.fit", "a9a6dc02a7ddafa8", (AUTO_PRECISION,)),
     Pin("tensorflow.python.eager.record.record_operation", "6717cb36031a93d2", (GRADIENTS,)),
-    Pin("tensorflow.python.eager.record.could_possibly_record", "c69b28411f4c773c", (OP_GELU_FUSION,)),
+    Pin("tensorflow.python.eager.record.could_possibly_record", "c69b28411f4c773c", (OP_GELU_FUSION, OP_LAYER_NORM_FUSION)),
+    # A TensorFlow op with no Python function, created by name: pinned by its registered op def.
+    Pin(f"{OP_DEF}_MklLayerNorm", "d15a4d5e8a6d26b7", (OP_LAYER_NORM_FUSION,)),
     # The precision decisions ride in Keras's checkpoints: a saveable attribute the saving walk visits.
     Pin("keras.src.saving.keras_saveable.KerasSaveable", "873b7d4c0312252b", (AUTO_PRECISION,)),
     Pin("keras.src.saving.saving_lib._save_state", "472e9cc9267e3c4b", (AUTO_PRECISION,)),
@@ -195,7 +203,10 @@ class FeatureOff(RuntimeError):
 
 
 def digest(obj: Any) -> str:
-    """sha256 of `inspect.getsource(obj)` (a function, method or class), first 16 hex digits."""
+    """sha256 of `inspect.getsource(obj)` (a function, method or class), or of an OpDef's
+    deterministic serialisation, first 16 hex digits."""
+    if isinstance(obj, op_def_pb2.OpDef):
+        return hashlib.sha256(obj.SerializeToString(deterministic=True)).hexdigest()[:16]
     obj = getattr(obj, "__func__", obj)  # classmethod / staticmethod
     return hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()[:16]
 
@@ -203,7 +214,13 @@ def digest(obj: Any) -> str:
 def lookup(name: str) -> Any:
     """The object `name` points to (the longest importable module, then attributes); a class
     attribute comes from the class's own `__dict__` when it has one (so restoring it restores
-    identity). Raises LookupError when it is not there."""
+    identity); `OP_DEF` + an op type is that op's registered OpDef. Raises LookupError when it is
+    not there."""
+    if name.startswith(OP_DEF):
+        found = op_def_registry.get(name[len(OP_DEF):])
+        if found is None:
+            raise LookupError(f"{name}: not registered in this TensorFlow")
+        return found
     parts = name.split(".")
     for i in range(len(parts) - 1, 0, -1):
         try:

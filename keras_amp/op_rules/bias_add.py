@@ -21,12 +21,14 @@ bfloat16, by the fastest kernel that accumulates in float32 on the device (`grad
 
 A channels-first input (a bias along axis 1) takes "sum" where "matmul" was chosen.
 
-Where the input is a matmul's (rows, channels) result reshaped with its last axis kept (Keras's
-Dense on a rank-3+ input: TensorFlow's `tensordot`), the bias is added to the matmul's result and
-the sum reshaped: the same numbers in the same order (a reshape that keeps the last axis keeps each
-element's channel), but the bias add now follows its matmul, where oneDNN fuses them into one kernel
-that adds the bias in float32 and rounds once (two roundings before, stock's too). The reshape
-between them had kept that fusion from every Transformer's projections and vocabulary head.
+Where the input is a 2-D matmul's (rows, channels) result reshaped so that the bias's axes are its
+channels (Keras's Dense on a rank-3+ input, TensorFlow's `tensordot`: the last axis kept; an
+EinsumDense splitting heads, `abc,cde->abde` with `bias_axes="de"`, once the einsum-rows rule has
+made its einsum a 2-D matmul: the last axis split), the bias, flattened, is added to the matmul's
+result and the sum reshaped: the same numbers (a reshape of row-major rows keeps each element's
+place in the bias), but the bias add now follows its matmul, where oneDNN fuses them into one kernel
+that adds the bias in float32 and rounds once (two roundings before, stock's too). The reshapes had
+kept that fusion from every Transformer's projections and vocabulary head.
 
 Only for bfloat16 operands: float16 keeps TensorFlow's kernel, which already accumulates in float32.
 """
@@ -110,12 +112,46 @@ def reshaped_rows(x: tf.Tensor) -> tf.Tensor | None:
     return rows if last is not None and last == x.shape[-1] and rows.dtype == x.dtype else None
 
 
-def matmul_rows(x: tf.Tensor) -> tf.Tensor | None:
-    """The (rows, channels) matmul result that `x` reshapes, keeping its last axis (Keras's Dense on
-    a rank-3+ input: TF's `tensordot` reshapes the input to rows, multiplies, reshapes back), else
-    None. In graph mode only."""
-    rows = reshaped_rows(x)
-    return rows if rows is not None and rows.op.type in _MATMULS else None
+def trailing_size(x: tf.Tensor, bias: tf.Tensor) -> int | None:
+    """The number of elements of `bias` where it is `x`'s last axes (leading 1s aside; static
+    shapes; fewer axes than `x`), else None: EinsumDense's `bias_axes="de"` on an `abde` result."""
+    if bias.shape.rank is None or x.shape.rank is None:
+        return None
+    dims = bias.shape.as_list()
+    while len(dims) > 1 and dims[0] == 1:
+        dims = dims[1:]
+    if not dims or len(dims) >= x.shape.rank or None in dims or x.shape.as_list()[-len(dims):] != dims:
+        return None
+    size = 1
+    for d in dims:
+        size *= d
+    return size
+
+
+def bias_rows(x: tf.Tensor, size: int) -> tuple[tf.Tensor, tf.Tensor] | None:
+    """(rows, shape): the 2-D matmul result that `x` reshapes, its last axis of `size` elements being
+    `x`'s last axes flattened, and the shape that reshapes it into `x`; else None. In graph mode only."""
+    if tf.executing_eagerly() or not hasattr(x, "op") or x.op.type != "Reshape":
+        return None
+    rows, shape = x.op.inputs
+    if rows.op.type not in _MATMULS or rows.shape.rank != 2 or rows.shape[-1] != size or rows.dtype != x.dtype:
+        return None
+    return rows, shape
+
+
+def _biased(x: tf.Tensor, bias: tf.Tensor, axis: int) -> tf.Tensor:
+    """`tf.nn.bias_add` of the vector `bias` along `x`'s `axis` (-1 or 1), its bias gradient summed
+    with float32 accumulation (`bias_gradient`)."""
+    data_format = "NHWC" if axis == -1 else "NCHW"
+
+    @custom_gradient(transparent=True)  # the dataflow walks may rebuild the bias add (scores + a key bias)
+    def biased(x, bias):
+        def grad(dy):
+            return dy, bias_gradient(dy, axis)
+
+        return tf.nn.bias_add(x, bias, data_format=data_format), grad
+
+    return biased(x, bias)
 
 
 def float32_bias_gradient(original: Callable) -> Callable:
@@ -125,26 +161,17 @@ def float32_bias_gradient(original: Callable) -> Callable:
         if not (_is_dense_bfloat16(x1) and _is_dense_bfloat16(x2)):
             return original(x1, x2)
         x1, x2 = tf.convert_to_tensor(x1), tf.convert_to_tensor(x2)  # a Keras variable: its autocast read
+        size = trailing_size(x1, x2)
+        found = bias_rows(x1, size) if size is not None else None
+        if found is not None:  # the bias added to the matmul's rows, then their reshape (module doc)
+            rows, shape = found
+            y = tf.reshape(_biased(rows, tf.reshape(x2, [size]), -1), shape)
+            y.set_shape(x1.shape)
+            return y
         axis = channel_axis(x1, x2)
         if axis is None:
             return original(x1, x2)
-        data_format = "NHWC" if axis == -1 else "NCHW"
-        channels = x1.shape[axis]
-
-        @custom_gradient(transparent=True)  # the dataflow walks may rebuild the bias add (scores + a key bias)
-        def biased(x, bias):
-            def grad(dy):
-                return dy, bias_gradient(dy, axis)
-
-            return tf.nn.bias_add(x, bias, data_format=data_format), grad
-
-        bias = tf.reshape(x2, [channels]) if x2.shape.rank != 1 else x2
-        rows = matmul_rows(x1) if axis == -1 else None
-        if rows is not None:  # the bias added to the matmul's rows, then their reshape (module doc)
-            y = tf.reshape(biased(rows, bias), x1.op.inputs[1])
-            y.set_shape(x1.shape)
-            return y
-        return biased(x1, bias)
+        return _biased(x1, tf.reshape(x2, [x1.shape[axis]]) if x2.shape.rank != 1 else x2, axis)
 
     add.__name__ = add.__qualname__ = original.__name__
     return add

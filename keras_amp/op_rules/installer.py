@@ -27,6 +27,7 @@ from keras_amp import policy as amp_policy
 from keras_amp import validation
 from keras_amp.op_rules.attention import dot_product_attention_rule, mha_attention_rule
 from keras_amp.op_rules.bias_add import float32_bias_gradient
+from keras_amp.op_rules.einsum_rows import einsum_rows
 from keras_amp.op_rules.float32_ops import (
     float32_batch_normalization,
     float16_arange,
@@ -52,6 +53,7 @@ from keras_amp.op_rules.table import (
     ADD,
     CAST,
     DPA,
+    EINSUM,
     LAYER_CALL,
     LAYER_OPEN_SCOPE,
     LOW_PRECISION,
@@ -100,6 +102,7 @@ _FACTORIES: dict[str, Callable | None] = {
     f"{TF_NN}._apply_masks": None,
     MATMUL: matmul16,
     ADD: float32_bias_gradient,
+    EINSUM: einsum_rows,
     LAYER_CALL: None,
     LAYER_OPEN_SCOPE: None,
     "keras.src.backend.tensorflow.core.name_scope": None,

@@ -66,10 +66,12 @@ LEAN = (
 )
 MATMUL = "keras.src.backend.tensorflow.numpy.matmul"
 ADD = "keras.src.backend.tensorflow.numpy.add"
+EINSUM = "keras.src.backend.tensorflow.numpy.einsum"
 CAST = "keras.src.backend.tensorflow.core.cast"
 FUSED_BATCH_NORM_OP = "moments and batch_normalization of an upcast 16-bit activation (BatchNormalization)"
 ROUND_TRIP_CAST_OP = "cast of an exact float32 upcast back to its 16-bit dtype"
 BIAS_GRADIENT_OP = "bias add (Dense, EinsumDense, convolution biases: `add` of a channel vector), backward pass"
+EINSUM_ROWS_OP = "einsum of an activation by a weight (EinsumDense's equations), graph mode"
 MATMUL16_OP = "matmul in a layer with a Matmul16DTypePolicy (the \"rnn\" recipe's recurrences)"
 UNAUTOCAST_WEIGHT_OP = "matmul of a 16-bit activation by a weight read without autocasting"
 ATTENTION_OP = "MultiHeadAttention scores (QK^T, scale, mask, softmax)"
@@ -135,7 +137,15 @@ RULES: tuple[Rule, ...] = (
          "TensorFlow's CPU BiasAddGrad sums bfloat16 in bfloat16: 16,384 rows of 1.0 sum to 256 (stock trains "
          "every bias on that); the rule keeps the forward bias_add and sums the bias gradient with float32 "
          "accumulation (a bfloat16 matmul by ones where oneDNN runs bfloat16 natively, else TF's Sum, which "
-         "accumulates in float32; a float32 copy's sum on a GPU), rounded once"),
+         "accumulates in float32; a float32 copy's sum on a GPU), rounded once. A bias after a projection's "
+         "reshaped 2-D matmul (Dense on a sequence, EinsumDense under the einsum rule) is added to the matmul's "
+         "rows, which oneDNN fuses (one rounding)"),
+    Rule(EINSUM_ROWS_OP, "", "compute dtype", "compute dtype", BOTH, "keras_amp", (EINSUM,),
+         "Keras's TF einsum writes an EinsumDense as a batched matmul by the kernel broadcast over the batch: "
+         "its kernel gradient is a product per batch element, each rounded to 16 bits, then summed (57.6% "
+         "of entries correctly rounded, bfloat16), and no bias fuses into it. The rule rebuilds it as one "
+         "2-D matmul of the input's rows (the same dot products): the kernel gradient one float32-"
+         "accumulated matmul, rounded once (99.98%), and the bias add beside it"),
     Rule("batch_normalization", "normalization", "float32", "input dtype", BOTH, "keras_amp",
          (f"{TF_NN}.batch_normalization",),
          "x*inv - mean*inv cancels catastrophically in 16 bits when |mean| >> std; float32 "
@@ -156,7 +166,8 @@ RULES: tuple[Rule, ...] = (
          "rule computes the same ops. " + LEAN),
     Rule("layer_normalization", "normalization", "float32", "input dtype", BOTH, "keras_amp",
          ("keras.src.ops.nn._layer_normalization",),
-         "Keras computes it in float32; the rule computes the same ops. " + LEAN),
+         "Keras computes it in float32; the rule computes the same ops (for inference over the last axis on a "
+         "CPU with oneDNN, one fused float32 kernel: the same numbers). " + LEAN),
     Rule("normalize", "normalization", "float32", "input dtype", BOTH, "keras_amp",
          ("keras.src.ops.nn._normalize",),
          "the sum of squares overflows float16 (|x| ~ 300 over 64 entries): stock returns zeros"),

@@ -33,6 +33,7 @@ from keras_amp.custom_gradient import custom_gradient
 from keras_amp.numerics import cross_entropy
 from keras_amp.numerics import gelu as gelu_numerics
 from keras_amp.op_rules import fused_gelu
+from keras_amp.op_rules import fused_layer_norm
 
 _16BIT = (tf.float16, tf.bfloat16)
 
@@ -257,7 +258,9 @@ def upcast_recompute_layer_normalization(original: Callable) -> Callable:
                     # As Keras: parameters of the normalised axes broadcast over the others.
                     p = tf.reshape(p, [x.shape[d] if d in axes else 1 for d in range(rank)])
             params.append(p)
-        y = _float32_layer_normalization(x, x16, params[0], params[1], axes, epsilon)
+        y = fused_layer_norm.inference_layer_norm(x, params[0], params[1], axes, epsilon)
+        if y is None:
+            y = _float32_layer_normalization(x, x16, params[0], params[1], axes, epsilon)
         return tf.cast(y, ori_dtype)
 
     _layer_normalization.__name__ = _layer_normalization.__qualname__ = original.__name__

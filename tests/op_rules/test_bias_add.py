@@ -71,13 +71,13 @@ def test_unknown_method_is_refused_by_name():
         bias_add.bias_gradient(tf.ones([4, 2], tf.bfloat16), -1, "fast")
 
 
-def _layer_gradients(layer, x, upstream, graph):
+def _layer_gradients(layer, x, upstream, graph, kernel=False):
     def f(x):
         with tf.GradientTape() as tape:
             tape.watch(x)
             y = layer(x)
             loss = tf.reduce_sum(tf.cast(y, tf.float32) * upstream)
-        return [y] + tape.gradient(loss, [x, layer.bias])
+        return [y] + tape.gradient(loss, [x, layer.bias] + ([layer.kernel] if kernel else []))
 
     f = tf.function(f) if graph else f
     return [np.asarray(tf.cast(t, tf.float64)) for t in f(x)]
@@ -113,37 +113,62 @@ def test_layer_bias_gradient_matches_float64_where_stock_is_far_off(name, graph)
     assert np.max(np.abs(stock[2] - ref) / np.abs(ref)) > 0.5  # guard: stock is far off
 
 
+# Projections whose bias add TF's kernels kept from their matmul: (layer, input shape, its einsum).
+PROJECTIONS = {
+    "dense_on_a_sequence": (lambda: keras.layers.Dense(256), (16, 64, 128), "abc,cd->abd"),
+    "einsum_dense_splitting_heads": (lambda: keras.layers.EinsumDense(
+        "abc,cde->abde", output_shape=(64, 4, 64), bias_axes="de"), (16, 64, 128), "abc,cde->abde"),
+    "einsum_dense_merging_heads": (lambda: keras.layers.EinsumDense(
+        "abcd,cde->abe", output_shape=(64, 256), bias_axes="e"), (16, 64, 4, 32), "abcd,cde->abe"),
+}
+
+
 @pytest.mark.parametrize("graph", [True, False], ids=["graph", "eager"])
-def test_dense_on_a_sequence_adds_the_bias_beside_its_matmul_one_rounding_where_fused(graph):
+@pytest.mark.parametrize("name", PROJECTIONS)
+def test_projection_adds_the_bias_beside_a_2d_matmul_one_rounding_where_fused(name, graph):
+    make, shape, equation = PROJECTIONS[name]
     rng = np.random.default_rng(3)
-    shape, units = (16, 64, 128), 256
     x = tf.constant(rng.standard_normal(shape), tf.float32)
     keras.config.set_dtype_policy("mixed_bfloat16")
     keras.utils.set_random_seed(0)
-    layer = keras.layers.Dense(units)
+    layer = make()
     layer.build(shape)
-    layer.bias.assign(4.0 * rng.standard_normal(units))  # a bias that matters (Keras starts at zero)
-    upstream = tf.constant(rng.standard_normal(shape[:-1] + (units,)), tf.float32)
-    stock = _layer_gradients(layer, x, upstream, graph)
+    layer.bias.assign(4.0 * rng.standard_normal(layer.bias.shape))  # a bias that matters (Keras starts at zero)
+    upstream = tf.constant(rng.standard_normal(layer.compute_output_shape(shape)), tf.float32)
+    stock = _layer_gradients(layer, x, upstream, graph, kernel=True)
     keras_amp.enable("mixed_bfloat16")
-    ours = _layer_gradients(layer, x, upstream, graph)
-    np.testing.assert_array_equal(ours[1], stock[1])  # the input's gradient: stock's, bit for bit
-    # float64 reference from the bfloat16 operands; the unfused path's bound: the matmul's float32
+    ours = _layer_gradients(layer, x, upstream, graph, kernel=True)
+    # float64 references from the bfloat16 operands; the unfused path's bounds: a matmul's float32
     # accumulation, then two roundings (the matmul's result, the sum with the bias; unit roundoff 2^-8).
     as64 = lambda t: np.asarray(tf.cast(tf.cast(t, tf.bfloat16), tf.float64))  # noqa: E731
-    xw = np.tensordot(as64(x), as64(layer.kernel), 1)
+    lhs, out = equation.split("->")
+    lhs, kernel = lhs.split(",")
+    terms = np.prod([shape[lhs.index(c)] for c in set(lhs) & set(kernel)])
+    xw = np.einsum(equation, as64(x), as64(layer.kernel))
     ref = xw + as64(layer.bias)
-    bound = 2.0**-8 * (1.01 * np.abs(xw) + np.abs(ref)) + shape[-1] * 2.0**-24 * np.tensordot(
-        np.abs(as64(x)), np.abs(as64(layer.kernel)), 1)
+    bound = 2.0**-8 * (1.01 * np.abs(xw) + np.abs(ref)) + terms * 2.0**-24 * np.einsum(
+        equation, np.abs(as64(x)), np.abs(as64(layer.kernel)))
     assert np.all(np.abs(ours[0] - ref) <= bound), np.max(np.abs(ours[0] - ref) / bound)
-    rounded = np.asarray(tf.cast(tf.cast(ref, tf.bfloat16), tf.float64))  # ref, rounded once
-    if graph:
-        graph_def = tf.function(lambda x: layer(x)).get_concrete_function(x).graph
-        feeds = [op.inputs[0].op.type for op in graph_def.get_operations() if op.type == "BiasAdd"]
-        assert feeds == ["MatMul"], feeds  # beside its matmul, which oneDNN fuses it into
-    if graph and NATIVE_BF16:  # oneDNN's fused bfloat16 kernel: the bias added in float32, one rounding
+    if not graph:  # eager: no graph to rebuild the matmul in; the kernel's gradient is stock's
+        np.testing.assert_array_equal(ours[3], stock[3])
+        return
+    # The kernel's gradient: one matmul over every row, float32 accumulation, one rounding.
+    dy = as64(upstream)
+    kernel_ref = np.einsum(f"{lhs},{out}->{kernel}", as64(x), dy)
+    rows = np.prod(shape) // terms
+    kernel_bound = 2.0**-8 * np.abs(kernel_ref) + rows * 2.0**-24 * np.einsum(
+        f"{lhs},{out}->{kernel}", np.abs(as64(x)), np.abs(dy))
+    assert np.all(np.abs(ours[3] - kernel_ref) <= kernel_bound), np.max(np.abs(ours[3] - kernel_ref) / kernel_bound)
+    assert np.mean(ours[3] == as64(kernel_ref)) > 0.99, np.mean(ours[3] == as64(kernel_ref))
+    if name.startswith("einsum"):  # stock: a batched matmul by the broadcast kernel, summed from rounded parts
+        assert np.any(np.abs(stock[3] - kernel_ref) > kernel_bound)
+    graph_def = tf.function(lambda x: layer(x)).get_concrete_function(x).graph
+    feeds = [op.inputs[0].op.type for op in graph_def.get_operations() if op.type == "BiasAdd"]
+    assert feeds == ["MatMul"], feeds  # beside a 2-D matmul, which oneDNN fuses it into
+    if NATIVE_BF16:  # oneDNN's fused bfloat16 kernel: the bias added in float32, one rounding
+        rounded = as64(ref)
         assert np.mean(ours[0] == rounded) > 0.999, np.mean(ours[0] == rounded)
-        assert np.mean(stock[0] == rounded) < 0.95  # stock: two roundings (the reshape kept them apart)
+        assert np.mean(stock[0] == rounded) < 0.95  # stock: two roundings (a reshape or a 2-D bias between)
 
 
 def test_channels_first_add_and_xla():
