@@ -47,7 +47,7 @@ OP_MATMUL = "op rules (16-bit matmuls in Matmul16DTypePolicy layers)"
 OP_LEAN = "op rules (16-bit tensors kept for the backward pass)"
 OP_DROPOUT = "op rules (16-bit dropout masks from half the random words)"
 OP_GELU_FUSION = "op rules (a bfloat16 gelu fused into its matmul for inference)"
-OP_LAYER_NORM_FUSION = "op rules (layer normalisation as oneDNN's fused kernel for inference)"
+OP_LAYER_NORM_FUSION = "op rules (layer normalisation's forward pass as oneDNN's fused kernel)"
 ATTENTION_LAYER = "keras_amp.layers.MultiHeadAttention"
 RECURRENT_LAYERS = "keras_amp.layers.LSTM / GRU"
 FLOAT32_LAYERS = "keras_amp float32-island layers"
@@ -172,9 +172,10 @@ PINS: tuple[Pin, ...] = (
     Pin("keras.src.backend.tensorflow.trainer.TensorFlowTrainer.make_predict_function", "a772a2efdd906f9a", (RECIPES, MEMORY,)),
     Pin("keras.src.backend.tensorflow.trainer.TensorFlowTrainer.fit", "a9a6dc02a7ddafa8", (AUTO_PRECISION,)),
     Pin("tensorflow.python.eager.record.record_operation", "6717cb36031a93d2", (GRADIENTS,)),
-    Pin("tensorflow.python.eager.record.could_possibly_record", "c69b28411f4c773c", (OP_GELU_FUSION, OP_LAYER_NORM_FUSION)),
+    Pin("tensorflow.python.eager.record.could_possibly_record", "c69b28411f4c773c", (OP_GELU_FUSION,)),
     # A TensorFlow op with no Python function, created by name: pinned by its registered op def.
     Pin(f"{OP_DEF}_MklLayerNorm", "d15a4d5e8a6d26b7", (OP_LAYER_NORM_FUSION,)),
+    Pin("tensorflow.python.saved_model.save_context.in_save_context", "243c3df0ecb435b0", (OP_LAYER_NORM_FUSION,)),
     # The precision decisions ride in Keras's checkpoints: a saveable attribute the saving walk visits.
     Pin("keras.src.saving.keras_saveable.KerasSaveable", "873b7d4c0312252b", (AUTO_PRECISION,)),
     Pin("keras.src.saving.saving_lib._save_state", "472e9cc9267e3c4b", (AUTO_PRECISION,)),

@@ -15,7 +15,8 @@ call recorded on the active tapes), except that the gradient's ops are named as 
 op's gradient ("gradient_tape/<forward scope>/", `backward_scope`), not at the root scope. Eager
 calls use `tf.custom_gradient` as it is (nothing leaks there). Restrictions, as keras_amp uses it:
 positional tensor arguments, no variables read inside `f` (their gradient would need
-`grad_fn(..., variables=...)`), no composite tensors.
+`grad_fn(..., variables=...)`), no composite tensors. A SavedModel keeps the forward pass; its
+gradient fails if run.
 """
 
 from __future__ import annotations
@@ -33,8 +34,20 @@ _TRANSPARENT = "_keras_amp_transparent"
 _record_operation = _compat.original("tensorflow.python.eager.record.record_operation")
 
 
+UNSAVED = ("keras_amp's custom gradients are not saved in a SavedModel (they share one gradient type, so a "
+           "saved one would be the first op's for every op); the saved forward pass is complete. To differentiate "
+           "a loaded model, export it after keras_amp.disable()")
+
+
 @tf.RegisterGradient(_NAME)
 def _dispatch(op, *grads):
+    if op is None:
+        # `tf.saved_model.save` traces each custom gradient type's function once, with no op: the
+        # saved gradient fails if run (differentiating through a loaded model: `UNSAVED`, or TF's
+        # binding error where another op's inputs differ), where one op's closure would silently
+        # stand for all of them.
+        with tf.control_dependencies([tf.debugging.Assert(False, [UNSAVED])]):
+            return [tf.identity(g) for g in grads]
     return getattr(op, _ATTR)(*grads)
 
 

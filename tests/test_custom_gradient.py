@@ -106,3 +106,31 @@ def test_a_traced_graph_is_freed_with_its_function_where_tf_custom_gradient_keep
     gc.collect()
     assert stock() is not None  # TF's registry keeps the closure, and through it the whole graph
     assert ours() is None
+
+
+def test_a_model_using_it_exports_and_its_saved_gradient_fails_clearly(tmp_path):
+    # Before: `tf.saved_model.save` traced the shared gradient type with no op and `model.export()`
+    # raised (every bfloat16 Dense on a sequence uses it, through the bias rule).
+    import keras  # noqa: PLC0415
+
+    import keras_amp  # noqa: PLC0415
+
+    keras_amp.enable("mixed_bfloat16")
+    inputs = keras.Input((16, 32))
+    model = keras.Model(inputs, keras.layers.Dense(8)(keras.layers.Dense(32)(inputs)))
+    x = tf.constant(np.random.default_rng(0).standard_normal((2, 16, 32)), tf.float32)
+    traced = tf.function(lambda x: model(x))
+    graph = traced.get_concrete_function(x).graph
+    assert any(op.get_attr("_gradient_op_type") == custom_gradient_module._NAME.encode()
+               for op in graph.get_operations() if op.type == "IdentityN" and "_gradient_op_type" in op.node_def.attr)
+    model.export(str(tmp_path), verbose=False)
+    loaded = tf.saved_model.load(str(tmp_path))
+    np.testing.assert_array_equal(np.asarray(loaded.serve(x)), np.asarray(model(x)))  # the forward pass
+    # Each of the ops shares the one saved function: it fails, with keras_amp's message where its traced
+    # inputs fit (tested below), else with TensorFlow's binding error; never another op's gradient.
+    with pytest.raises(TypeError, match="Binding inputs"), tf.GradientTape() as tape:
+        tape.watch(x)
+        tape.gradient(loaded.serve(x), x)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not saved in a SavedModel"):
+        grad = tf.function(custom_gradient_module._dispatch).get_concrete_function(None, tf.TensorSpec([2], tf.float32))
+        grad(tf.ones([2]))

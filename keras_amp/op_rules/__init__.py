@@ -14,7 +14,7 @@ Modules:
     bias_add: bfloat16 bias gradients summed with float32 accumulation (TF's CPU kernel sums in bfloat16).
     einsum_rows: an activation times a weight (EinsumDense) as one 2-D matmul of its rows: kernel gradient
         rounded once, bias fused.
-    fused_layer_norm: layer normalisation as oneDNN's fused float32 kernel, for inference on a CPU.
+    fused_layer_norm: layer normalisation's forward pass as oneDNN's fused float32 kernel, on a CPU.
     fused_batch_norm: batch normalisation of an upcast 16-bit activation as TensorFlow's fused kernels
         (speed, CPU), and the round-trip cast.
     attention: float32 attention scores in MultiHeadAttention and `ops.dot_product_attention`.

@@ -166,8 +166,8 @@ RULES: tuple[Rule, ...] = (
          "rule computes the same ops. " + LEAN),
     Rule("layer_normalization", "normalization", "float32", "input dtype", BOTH, "keras_amp",
          ("keras.src.ops.nn._layer_normalization",),
-         "Keras computes it in float32; the rule computes the same ops (for inference over the last axis on a "
-         "CPU with oneDNN, one fused float32 kernel: the same numbers). " + LEAN),
+         "Keras computes it in float32; the rule computes the same ops (over the last axis on a CPU with oneDNN, "
+         "the forward pass is one fused float32 kernel: the same numbers, the same gradient). " + LEAN),
     Rule("normalize", "normalization", "float32", "input dtype", BOTH, "keras_amp",
          ("keras.src.ops.nn._normalize",),
          "the sum of squares overflows float16 (|x| ~ 300 over 64 entries): stock returns zeros"),

@@ -204,22 +204,29 @@ def upcast_recompute_batch_normalization(original: Callable) -> Callable:
 
 
 def _float32_layer_normalization(x, x16, gamma, beta, axes, epsilon):
-    """Keras's `_layer_normalization` arithmetic in float32; the backward pass reads `x16`."""
+    """Keras's `_layer_normalization` arithmetic in float32 (its forward pass one fused kernel where
+    `fused_layer_norm.fusable`); the backward pass reads `x16`."""
     has_gamma, has_beta = gamma is not None, beta is not None
+    fused = fused_layer_norm.fusable(x, gamma, beta, axes)
 
     @custom_gradient
     def layer_normalization(x, *params):
         gamma = params[0] if has_gamma else None
         beta = params[-1] if has_beta else None
-        mean, variance = tf.nn.moments(x, axes, keepdims=True)
-        inv = tf.math.rsqrt(variance + epsilon)
-        scaled = inv if gamma is None else inv * gamma
-        shift = -mean * scaled if beta is None else -mean * scaled + beta
-        y = x * scaled + shift
+        if fused:  # the statistics are recomputed by the backward pass
+            y, stats = fused_layer_norm.layer_norm(x, gamma, beta, epsilon), None
+        else:
+            stats = tf.nn.moments(x, axes, keepdims=True)
+            inv = tf.math.rsqrt(stats[1] + epsilon)
+            scaled = inv if gamma is None else inv * gamma
+            shift = -stats[0] * scaled if beta is None else -stats[0] * scaled + beta
+            y = x * scaled + shift
 
         def grad(dy):
+            x_up = recompute_upcast(x16, dy)
+            mean, variance = tf.nn.moments(x_up, axes, keepdims=True) if stats is None else stats
             r = tf.math.rsqrt(variance + epsilon)
-            x_hat = (recompute_upcast(x16, dy) - mean) * r
+            x_hat = (x_up - mean) * r
             g = dy if gamma is None else dy * gamma
             # d x = r * (g - mean(g) - x_hat * mean(g * x_hat)), means over the normalised axes.
             dx = r * (g - tf.reduce_mean(g, axes, keepdims=True) - x_hat * tf.reduce_mean(g * x_hat, axes, keepdims=True))
@@ -258,9 +265,7 @@ def upcast_recompute_layer_normalization(original: Callable) -> Callable:
                     # As Keras: parameters of the normalised axes broadcast over the others.
                     p = tf.reshape(p, [x.shape[d] if d in axes else 1 for d in range(rank)])
             params.append(p)
-        y = fused_layer_norm.inference_layer_norm(x, params[0], params[1], axes, epsilon)
-        if y is None:
-            y = _float32_layer_normalization(x, x16, params[0], params[1], axes, epsilon)
+        y = _float32_layer_normalization(x, x16, params[0], params[1], axes, epsilon)
         return tf.cast(y, ori_dtype)
 
     _layer_normalization.__name__ = _layer_normalization.__qualname__ = original.__name__
