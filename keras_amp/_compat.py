@@ -96,7 +96,7 @@ PINS: tuple[Pin, ...] = (
     Pin("keras.src.optimizers.base_optimizer.BaseOptimizer.build", "e9d310fddad51ed1", (LSO, MEMORY,)),
     Pin("keras.src.optimizers.base_optimizer.BaseOptimizer._overwrite_variable_with_gradient", "f6fba7ddf9a6a95e", (LSO,)),
     Pin("keras.src.utils.tracking.no_automatic_dependency_tracking", "b69f1af066ac13e0", (LSO,)),
-    Pin("tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext", "144a23c08793ec3d", (LSO,)),
+    Pin("tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext", "144a23c08793ec3d", (LSO, OP_LAYER_NORM_FUSION)),
     Pin("tensorflow.python.distribute.merge_call_interim.strategy_supports_no_merge_call", "2eac4f168b29d6a3", (LSO,)),
     Pin("keras.src.backend.tensorflow.trainer.TensorFlowTrainer._maybe_symbolic_build", "92a504f5eba9b29f", (FIT_FIX,)),
     Pin("keras.src.backend.tensorflow.trainer.reduce_per_replica", "2e7d54b1e6edc29a", (FIT_FIX,)),

@@ -13,9 +13,9 @@ input (the op-by-op forward pass keeps them from its own). TensorFlow has no Pyt
 the op (its remapper makes it from a pattern Keras's ops do not match), so it is created by name,
 pinned by its registered op def (`_compat`), and taken only where it is certain to run:
 
-- graph mode, and not while `tf.saved_model.save` traces (`model.export()`): a SavedModel keeps
-  portable ops (the op exists only in oneDNN builds of TensorFlow). A function traced before it is
-  saved is saved as traced;
+- graph mode, outside XLA (`jit_compile=True`: XLA has no kernel for the op), and not while
+  `tf.saved_model.save` traces (`model.export()`): a SavedModel keeps portable ops (the op exists
+  only in oneDNN builds of TensorFlow). A function traced before it is saved is saved as traced;
 - a CPU alone with oneDNN on (`hardware.DeviceInfo.onednn_enabled`), no GPU or TPU (no other kernel);
 - normalisation over the last axis only, of a statically known size, with gamma and beta (if any)
   of that size.
@@ -33,6 +33,7 @@ from keras_amp import _compat, hardware
 
 OP_TYPE = "_MklLayerNorm"
 _in_save_context = _compat.original("tensorflow.python.saved_model.save_context.in_save_context")
+_in_xla_context = _compat.original("tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext")
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,7 +48,7 @@ def fusable(x: tf.Tensor, gamma: tf.Tensor | None, beta: tf.Tensor | None, axes:
     rank = x.shape.rank
     if (tf.executing_eagerly() or x.dtype != tf.float32 or rank is None or axes != [rank - 1]
             or x.shape[-1] is None or not device_fuses() or not _compat.warn_off(_compat.OP_LAYER_NORM_FUSION)
-            or _in_save_context()):
+            or _in_save_context() or _in_xla_context(tf.compat.v1.get_default_graph())):
         return False
     return all(p is None or (p.dtype == tf.float32 and p.shape.num_elements() == x.shape[-1]) for p in (gamma, beta))
 

@@ -109,6 +109,18 @@ def test_a_graph_traced_for_inference_then_differentiated():
     np.testing.assert_allclose(dx, _trained(layer)(x)[1], rtol=0, atol=2.0**-7 * np.abs(dx).max())
 
 
+def test_xla_compiled_functions_keep_the_float32_ops():
+    # XLA has no kernel for the op: a `jit_compile=True` step (Keras's compile(jit_compile=True)) would fail.
+    layer, x = _layer((4, 16, 64))
+    compiled = tf.function(_trained(layer), jit_compile=True)
+    graph = compiled.get_concrete_function(x).graph
+    assert fused_layer_norm.OP_TYPE not in {op.type for op in graph.get_operations()}
+    y, dx, *_ = compiled(x)
+    np.testing.assert_allclose(_as64(y), _reference(layer, x), rtol=2.0**-7, atol=1e-5)
+    np.testing.assert_allclose(_as64(dx), _as64(tf.function(_trained(layer))(x)[1]), rtol=0,
+                               atol=2.0**-7 * np.abs(_as64(dx)).max())
+
+
 def test_eager_other_axes_and_other_devices_keep_the_float32_ops():
     layer, x = _layer((4, 16, 64))
     eager = _as64(layer(x, training=False))  # eager: op by op
