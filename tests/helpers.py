@@ -215,3 +215,19 @@ class WalkSpy(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         self._take(f"epoch_end {epoch}")
 
+
+def live_ops(graph):
+    """The ops a traced function's outputs depend on, through the bodies of the functions it calls: a
+    rule's rebuilt op leaves its original in the graph, read by nothing the outputs need (pruned)."""
+    seen, stack, found = set(), [t.op for t in graph.outputs], []
+    while stack:
+        op = stack.pop()
+        if (id(op.graph), op.name) in seen:  # a called body's op names repeat the caller's
+            continue
+        seen.add((id(op.graph), op.name))
+        found.append(op)
+        stack.extend(t.op for t in op.inputs)
+        if op.type in ("PartitionedCall", "StatefulPartitionedCall"):
+            stack.extend(t.op for t in graph._get_function(op.get_attr("f").name).graph.outputs)
+    return found
+

@@ -36,6 +36,7 @@ Only for bfloat16 operands: float16 keeps TensorFlow's kernel, which already acc
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable
 
 import tensorflow as tf
@@ -122,10 +123,7 @@ def trailing_size(x: tf.Tensor, bias: tf.Tensor) -> int | None:
         dims = dims[1:]
     if not dims or len(dims) >= x.shape.rank or None in dims or x.shape.as_list()[-len(dims):] != dims:
         return None
-    size = 1
-    for d in dims:
-        size *= d
-    return size
+    return math.prod(dims)
 
 
 def bias_rows(x: tf.Tensor, size: int) -> tuple[tf.Tensor, tf.Tensor] | None:

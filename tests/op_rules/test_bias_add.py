@@ -83,6 +83,24 @@ def _layer_gradients(layer, x, upstream, graph, kernel=False):
     return [np.asarray(tf.cast(t, tf.float64)) for t in f(x)]
 
 
+def _stock_and_ours(make, shape, graph, seed, *, shift=0.0, bias=False, kernel=False):
+    """A layer built under mixed_bfloat16, its input, an upstream gradient (mean `shift`), and the
+    output and gradients (`_layer_gradients`) under stock Keras, then under keras_amp; with `bias`, the
+    bias set to values that matter (Keras starts it at zero)."""
+    rng = np.random.default_rng(seed)
+    x = tf.constant(rng.standard_normal(shape), tf.float32)
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    keras.utils.set_random_seed(0)
+    layer = make()
+    layer.build(shape)
+    if bias:
+        layer.bias.assign(4.0 * rng.standard_normal(layer.bias.shape))
+    upstream = tf.constant(rng.standard_normal(layer.compute_output_shape(shape)) + shift, tf.float32)
+    stock = _layer_gradients(layer, x, upstream, graph, kernel)
+    keras_amp.enable("mixed_bfloat16")
+    return layer, x, upstream, stock, _layer_gradients(layer, x, upstream, graph, kernel)
+
+
 LAYERS = {
     "dense": (lambda: keras.layers.Dense(8), (32, 40, 16)),
     "conv2d": (lambda: keras.layers.Conv2D(8, 3, padding="same"), (32, 24, 24, 4)),
@@ -95,16 +113,7 @@ LAYERS = {
 @pytest.mark.parametrize("name", LAYERS)
 def test_layer_bias_gradient_matches_float64_where_stock_is_far_off(name, graph):
     make, shape = LAYERS[name]
-    rng = np.random.default_rng(1)
-    x = tf.constant(rng.standard_normal(shape), tf.float32)
-    keras.config.set_dtype_policy("mixed_bfloat16")
-    keras.utils.set_random_seed(0)
-    layer = make()
-    layer.build(shape)
-    upstream = tf.constant(rng.standard_normal(layer.compute_output_shape(shape)) + 2.0, tf.float32)
-    stock = _layer_gradients(layer, x, upstream, graph)
-    keras_amp.enable("mixed_bfloat16")
-    ours = _layer_gradients(layer, x, upstream, graph)
+    _, _, upstream, stock, ours = _stock_and_ours(make, shape, graph, 1, shift=2.0)
     for a, b in zip(stock[:2], ours[:2]):  # the output and the input's gradient: stock's, bit for bit
         np.testing.assert_array_equal(a, b)
     dy = tf.cast(upstream, tf.bfloat16)  # the gradient reaching the bias add
@@ -127,17 +136,7 @@ PROJECTIONS = {
 @pytest.mark.parametrize("name", PROJECTIONS)
 def test_projection_adds_the_bias_beside_a_2d_matmul_one_rounding_where_fused(name, graph):
     make, shape, equation = PROJECTIONS[name]
-    rng = np.random.default_rng(3)
-    x = tf.constant(rng.standard_normal(shape), tf.float32)
-    keras.config.set_dtype_policy("mixed_bfloat16")
-    keras.utils.set_random_seed(0)
-    layer = make()
-    layer.build(shape)
-    layer.bias.assign(4.0 * rng.standard_normal(layer.bias.shape))  # a bias that matters (Keras starts at zero)
-    upstream = tf.constant(rng.standard_normal(layer.compute_output_shape(shape)), tf.float32)
-    stock = _layer_gradients(layer, x, upstream, graph, kernel=True)
-    keras_amp.enable("mixed_bfloat16")
-    ours = _layer_gradients(layer, x, upstream, graph, kernel=True)
+    layer, x, upstream, stock, ours = _stock_and_ours(make, shape, graph, 3, bias=True, kernel=True)
     # float64 references from the bfloat16 operands; the unfused path's bounds: a matmul's float32
     # accumulation, then two roundings (the matmul's result, the sum with the bias; unit roundoff 2^-8).
     as64 = lambda t: np.asarray(tf.cast(tf.cast(t, tf.bfloat16), tf.float64))  # noqa: E731

@@ -16,7 +16,7 @@ from keras import ops
 import keras_amp
 from keras_amp import op_rules
 from keras_amp.op_rules import dataflow
-from tests.helpers import np64, softmax
+from tests.helpers import live_ops, np64, softmax
 
 MIXED = {"mixed_float16": tf.float16, "mixed_bfloat16": tf.bfloat16}
 pytestmark = pytest.mark.filterwarnings("ignore:mixed_.* requested:keras_amp.AmpWarning")
@@ -90,19 +90,7 @@ def test_scores_however_written_are_float32_stock_is_not(policy, form):
 def _live_matmuls(graph_fn, *args):
     """(op type, output dtype) of each matmul a traced function's outputs depend on."""
     graph = tf.function(graph_fn).get_concrete_function(*args).graph
-    seen, stack, found = set(), [t.op for t in graph.outputs], []
-    while stack:
-        op = stack.pop()
-        if (id(op.graph), op.name) in seen:  # a called body's op names repeat the caller's
-            continue
-        seen.add((id(op.graph), op.name))
-        if op.type in dataflow.MATMULS:
-            found.append((op.type, op.outputs[0].dtype.name))
-        stack.extend(t.op for t in op.inputs)
-        if op.type in ("PartitionedCall", "StatefulPartitionedCall"):
-            body = graph._get_function(op.get_attr("f").name).graph
-            stack.extend(t.op for t in body.outputs)
-    return sorted(found)
+    return sorted((op.type, op.outputs[0].dtype.name) for op in live_ops(graph) if op.type in dataflow.MATMULS)
 
 
 def test_value_matmul_and_dense_layers_keep_the_compute_dtype():

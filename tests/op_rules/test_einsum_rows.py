@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from keras_amp import op_rules
 from keras_amp.op_rules import einsum_rows
+from tests.helpers import live_ops
 
 pytestmark = pytest.mark.usefixtures("no_op_rules")
 
@@ -29,15 +30,7 @@ def _as64(t):
 
 
 def _live_types(graph) -> list[str]:
-    """The types of the ops the function's outputs depend on (a rebuilt op's original stays in the
-    graph, read by nothing the outputs need, and is pruned)."""
-    seen, stack = set(), [t.op for t in graph.outputs]
-    while stack:
-        op = stack.pop()
-        if op not in seen:
-            seen.add(op)
-            stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
-    return sorted(op.type for op in seen)
+    return sorted(op.type for op in live_ops(graph))
 
 
 def _einsum_and_weight_gradient(equation, x, w, upstream, graph):

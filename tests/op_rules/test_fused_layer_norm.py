@@ -10,6 +10,7 @@ import tensorflow as tf
 import keras_amp
 from keras_amp import _compat
 from keras_amp.op_rules import fused_layer_norm
+from tests.helpers import live_ops
 
 pytestmark = pytest.mark.usefixtures("no_op_rules")
 
@@ -42,14 +43,7 @@ def _reference(layer, x) -> np.ndarray:
 
 
 def _live_types(fn, x) -> set[str]:
-    graph = tf.function(fn).get_concrete_function(x).graph
-    seen, stack = set(), [t.op for t in graph.outputs]
-    while stack:
-        op = stack.pop()
-        if op not in seen:
-            seen.add(op)
-            stack.extend(t.op for t in op.inputs)
-    return {op.type for op in seen}
+    return {op.type for op in live_ops(tf.function(fn).get_concrete_function(x).graph)}
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"center": False}, {"scale": False, "center": False}],
