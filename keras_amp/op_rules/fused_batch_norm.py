@@ -25,6 +25,11 @@ arithmetic, one rounding of y; `FusedBatchNormGradV3` likewise. The rules here f
                    the 16-bit source itself, no op.
 
 The moments' own gradient (for consumers other than the normalisation) is the closed form from x16.
+Both rules are differentiable in x16 itself, not in its upcast: the upcast is then read by nothing
+and pruned, and neither gradient is cast up to float32 only for the upcast's gradient to cast it back
+down (per layer, a full-size cast forward and two backward, and a float32 copy of dx). The moments'
+gradient, where wanted, is rounded to x16's dtype before it is added to the normalisation's (one
+rounding more than a float32 sum: as at any 16-bit tensor read twice).
 Anything else runs the upcast-recompute rules: eager execution, channels first, ranks other than 2-5,
 parameters that are not per-channel vectors, synchronized moments, 16-bit x passed directly, and
 GPUs and TPUs (cuDNN's reserve outputs hold the inverse standard deviation, not the variance, and no
@@ -104,7 +109,7 @@ def fused_moments(rule: Callable) -> Callable:
         channels, rank = x.shape[-1], x.shape.rank
 
         @custom_gradient
-        def batch_moments(x):
+        def batch_moments(x16):  # differentiable in x16, not its upcast (`_normalize`: why)
             # The reserve outputs are the batch mean and biased variance on a CPU (the module doc).
             mean, variance = tf.raw_ops.FusedBatchNormV3(
                 x=x4, scale=tf.ones([channels]), offset=tf.zeros([channels]), mean=tf.zeros([0]),
@@ -112,17 +117,17 @@ def fused_moments(rule: Callable) -> Callable:
 
             def grad(d_mean, d_variance):
                 # d mean / dx = 1/n; d variance / dx = 2 (x - mean) / n.
-                n = tf.cast(tf.size(x16) // channels, tf.float32)
                 if d_mean is None and d_variance is None:
-                    return tf.zeros(tf.shape(x16), tf.float32)
+                    return None  # the normalisation's gradient covers them: no full-size zeros
+                n = tf.cast(tf.size(x16) // channels, tf.float32)
                 dx = tf.zeros(tf.shape(x16), tf.float32)
                 if d_variance is not None:
                     dx = d_variance * (2.0 / n) * (recompute_upcast(x16, d_mean, d_variance) - mean)
-                return dx if d_mean is None else dx + d_mean / n
+                return tf.cast(dx if d_mean is None else dx + d_mean / n, x16.dtype)
 
             return (mean, variance), grad
 
-        mean, variance = batch_moments(x)
+        mean, variance = batch_moments(x16)
         if keepdims:
             mean = tf.reshape(mean, [1] * (rank - 1) + [channels])
             variance = tf.reshape(variance, [1] * (rank - 1) + [channels])
@@ -145,13 +150,17 @@ def _per_channel(t: Any, channels: int, fill: float | None) -> tf.Tensor | None:
     return tf.cast(tf.reshape(t, [channels]), tf.float32)
 
 
-def _normalize(x, x16, x4, mean, variance, gamma, beta, epsilon, batch: bool) -> tf.Tensor:
+def _normalize(x16, x4, mean, variance, gamma, beta, epsilon, batch: bool) -> tf.Tensor:
     """The 16-bit y of `FusedBatchNormV3` (inference form) with these (channels,) float32 statistics and
     parameters; its gradient `FusedBatchNormGradV3`, in training form when they are x's batch moments
-    (`batch`), else with the statistics held fixed (and their own gradients from its per-channel sums)."""
+    (`batch`), else with the statistics held fixed (and their own gradients from its per-channel sums).
+
+    Differentiable in x16, not in its float32 upcast: the kernel's 16-bit dx is x16's gradient as it
+    is, where a float32 dx for the upcast would be cast up, then back down by the upcast's gradient
+    (two full-size passes and a float32 copy per layer, for the same values)."""
 
     @custom_gradient
-    def normalize(x, mean, variance, gamma, beta):
+    def normalize(x16, mean, variance, gamma, beta):
         y4 = tf.raw_ops.FusedBatchNormV3(
             x=x4, scale=gamma, offset=beta, mean=mean, variance=variance, epsilon=epsilon, is_training=False)[0]
 
@@ -161,7 +170,7 @@ def _normalize(x, x16, x4, mean, variance, gamma, beta, epsilon, batch: bool) ->
                 # The CPU kernels read no third reserve (empty in their forward pass; tested).
                 reserve_space_1=mean, reserve_space_2=variance, reserve_space_3=tf.zeros([0]),
                 epsilon=epsilon, is_training=batch)
-            dx = tf.cast(tf.reshape(dx, tf.shape(x16)), tf.float32)
+            dx = tf.reshape(dx, tf.shape(x16))
             if batch:  # the statistics' dependence on x is in dx already: no gradient for them here
                 return dx, None, None, d_gamma, d_beta
             # y = (x - mean) r gamma + beta, r = (variance + epsilon)^-1/2: d_beta = sum(dy),
@@ -171,7 +180,7 @@ def _normalize(x, x16, x4, mean, variance, gamma, beta, epsilon, batch: bool) ->
 
         return tf.reshape(y4, tf.shape(x16)), grad
 
-    return normalize(x, mean, variance, gamma, beta)
+    return normalize(x16, mean, variance, gamma, beta)
 
 
 def fused_batch_normalization(rule: Callable) -> Callable:
@@ -189,7 +198,7 @@ def fused_batch_normalization(rule: Callable) -> Callable:
                                                                  (offset, 0.0))]
         if any(t is None for t in params):
             return rule(x, mean, variance, axis, offset, scale, epsilon)
-        return tf.cast(_normalize(x, x16, x4, *params[:2], params[2], params[3], epsilon, batch), tf.float32)
+        return tf.cast(_normalize(x16, x4, *params[:2], params[2], params[3], epsilon, batch), tf.float32)
 
     batch_normalization.__name__ = batch_normalization.__qualname__ = "batch_normalization"
     batch_normalization.unfused = rule
