@@ -7,7 +7,8 @@ traces one training step (the `find_overflow` step: forward, loss, backward, not
 lists every tensor the backward pass reads from the forward pass, with the layer that made it
 (`keras_amp.diagnostics.attribution`), its dtype and size, and whether it is a float32 upcast of a
 16-bit tensor: memory a float32 island need not keep (keras_amp's op rules redo such upcasts in
-the backward pass). Variable reads and the batch itself are not activations and are left out.
+the backward pass). A view (a reshape, an identity) is one buffer with the tensor it views: counted
+once. Variable reads and the batch itself, and views of them, are not activations and are left out.
 
 Sizes come from static shapes, which a traced batch has; tensors without one (an RNN loop's
 accumulators, TensorLists of every step's intermediates) are counted in `unsized`.
@@ -29,6 +30,19 @@ from keras_amp.op_rules.upcast_recompute import source16
 MIB = float(1 << 20)
 # Not activations: the batch, constants, variable reads (the weights exist anyway).
 _NOT_ACTIVATIONS = ("Placeholder", "Const", "ReadVariableOp", "VarHandleOp")
+# Ops whose output i is input i's buffer under another shape (TensorFlow forwards it, no copy).
+_VIEWS = ("Reshape", "Identity", "ExpandDims", "Squeeze", "IdentityN")
+
+
+def _storage(t: tf.Tensor) -> tf.Tensor:
+    """The tensor whose buffer `t` is: `t` itself, or what it is a view of (a reshape, an identity).
+    Three Dense layers on one sequence each reshape it for their matmul: one buffer, kept once."""
+    while t.op.type in _VIEWS:
+        source = t.op.inputs[t.value_index if t.op.type == "IdentityN" else 0]
+        if source.dtype != t.dtype:
+            break
+        t = source
+    return t
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,9 +186,11 @@ def saved_activations(model: keras.Model, x: Any, y: Any = None, loss: Any = Non
     for op in (op for op in trace.ops[trace.backward_start:] if op in late):
         for t in op.inputs:
             i = index.get(t.op)
-            if i is None or t.op in late or t.op.type in _NOT_ACTIVATIONS or t.ref() in seen:
+            storage = _storage(t)
+            if (i is None or t.op in late or t.op.type in _NOT_ACTIVATIONS or storage.ref() in seen
+                    or storage.op.type in _NOT_ACTIVATIONS):
                 continue
-            seen.add(t.ref())
+            seen.add(storage.ref())
             if t.dtype == tf.variant or not t.shape.is_fully_defined():
                 # Loop accumulators (variant TensorLists) and unshaped float tensors; unshaped
                 # integer ones are shape arithmetic of the gradient (broadcast axes).

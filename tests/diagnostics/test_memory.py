@@ -139,3 +139,30 @@ def test_bad_arguments():
         saved_activations(_mlp(), None)
     with pytest.raises(TypeError, match="training"):
         saved_activations(_mlp(), *_batch(2), training="yes")
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+@pytest.mark.parametrize("amp", [False, True], ids=["stock", "keras_amp"])
+def test_a_sequence_read_by_three_projections_is_kept_once(amp, policy):
+    # Each Dense on a sequence reshapes it to rows for its matmul (keras_amp's rules likewise): views
+    # of one buffer. Three projections of it keep what one does.
+    def activations(projections):
+        if amp:
+            keras_amp.enable(policy)
+        try:
+            inp = keras.Input((7, 8))
+            seq = keras.layers.Dense(8, name="seq", dtype=policy)(inp)
+            outs = [keras.layers.Dense(8, name=f"proj_{i}", dtype=policy)(seq) for i in range(projections)]
+            model = keras.Model(inp, keras.layers.Add(dtype=policy)(outs) if projections > 1 else outs[0])
+            model.compile(loss="mse")
+            rng = np.random.default_rng(0)
+            x, y = rng.normal(size=(5, 7, 8)).astype("float32"), rng.normal(size=(5, 7, 8)).astype("float32")
+            report = saved_activations(model, x, y)
+        finally:
+            keras_amp.disable()
+        # The sequence-sized tensors: the sequence, its views, the layers' outputs (the loss's aside).
+        return sum(t.bytes for t in report.tensors if t.shape in ((5, 7, 8), (35, 8)) and t.layer != "(loss)")
+
+    # The sequence once; mixed, also the batch's 16-bit copy that seq's kernel gradient reads.
+    expected = 5 * 7 * 8 * (2 * 2 if policy == "mixed_bfloat16" else 4)
+    assert activations(1) == activations(3) == expected
