@@ -38,10 +38,7 @@ def _storage(t: tf.Tensor) -> tf.Tensor:
     """The tensor whose buffer `t` is: `t` itself, or what it is a view of (a reshape, an identity).
     Three Dense layers on one sequence each reshape it for their matmul: one buffer, kept once."""
     while t.op.type in _VIEWS:
-        source = t.op.inputs[t.value_index if t.op.type == "IdentityN" else 0]
-        if source.dtype != t.dtype:
-            break
-        t = source
+        t = t.op.inputs[t.value_index if t.op.type == "IdentityN" else 0]
     return t
 
 
@@ -187,8 +184,7 @@ def saved_activations(model: keras.Model, x: Any, y: Any = None, loss: Any = Non
         for t in op.inputs:
             i = index.get(t.op)
             storage = _storage(t)
-            if (i is None or t.op in late or t.op.type in _NOT_ACTIVATIONS or storage.ref() in seen
-                    or storage.op.type in _NOT_ACTIVATIONS):
+            if i is None or t.op in late or storage.op.type in _NOT_ACTIVATIONS or storage.ref() in seen:
                 continue
             seen.add(storage.ref())
             if t.dtype == tf.variant or not t.shape.is_fully_defined():

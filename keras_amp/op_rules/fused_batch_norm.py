@@ -109,7 +109,7 @@ def fused_moments(rule: Callable) -> Callable:
         channels, rank = x.shape[-1], x.shape.rank
 
         @custom_gradient
-        def batch_moments(x16):  # differentiable in x16, not its upcast (`_normalize`: why)
+        def batch_moments(x16):  # differentiable in x16, not its upcast (the module doc: why)
             # The reserve outputs are the batch mean and biased variance on a CPU (the module doc).
             mean, variance = tf.raw_ops.FusedBatchNormV3(
                 x=x4, scale=tf.ones([channels]), offset=tf.zeros([channels]), mean=tf.zeros([0]),
@@ -154,10 +154,7 @@ def _normalize(x16, x4, mean, variance, gamma, beta, epsilon, batch: bool) -> tf
     """The 16-bit y of `FusedBatchNormV3` (inference form) with these (channels,) float32 statistics and
     parameters; its gradient `FusedBatchNormGradV3`, in training form when they are x's batch moments
     (`batch`), else with the statistics held fixed (and their own gradients from its per-channel sums).
-
-    Differentiable in x16, not in its float32 upcast: the kernel's 16-bit dx is x16's gradient as it
-    is, where a float32 dx for the upcast would be cast up, then back down by the upcast's gradient
-    (two full-size passes and a float32 copy per layer, for the same values)."""
+    Differentiable in x16, not its upcast (the module doc: why)."""
 
     @custom_gradient
     def normalize(x16, mean, variance, gamma, beta):
