@@ -8,6 +8,9 @@ Two figures, both taken over model build, compile, tracing and `steps` training 
               runtime start (one op run). Linux: the kernel's high-water mark (VmHWM) is reset
               through /proc/self/clear_refs at the baseline, so the peak is this phase's own;
               elsewhere ru_maxrss (then the baseline's own peak may hide a smaller one).
+    rss_file_mib  of it, the growth of the file-backed part (RssFile; Linux): shared-library code
+              paged in, such as XLA's CPU compiler where a configuration compiles with XLA (clean
+              pages, shared with other processes and dropped under memory pressure). None elsewhere.
     tf_peak_mib  TensorFlow's allocator peak on the device that trains
               (`tf.config.experimental.get_memory_info(device)["peak"]` after
               `reset_memory_stats`): GPU:0 on a GPU; on CPU, TF 2.21 keeps allocator statistics
@@ -95,6 +98,7 @@ def measure(workload: str, name: str, steps: int, smoke: bool, jit) -> dict:
     device = _device()
     float(tf.reduce_sum(tf.ones((8, 8))))  # start TF's runtime before the baseline
     baseline_kib = _status_kib("VmRSS") or _peak_rss_kib()
+    file_before = _status_kib("RssFile")
     hwm_reset = _reset_hwm()
     _tf_memory(device, reset=True)
     tf_before = _tf_memory(device) or 0
@@ -102,6 +106,7 @@ def measure(workload: str, name: str, steps: int, smoke: bool, jit) -> dict:
     data = workloads.dataset(workload, s)
     model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, shuffle=False)
     peak_kib = _peak_rss_kib()
+    file_after = _status_kib("RssFile")
     tf_peak = _tf_memory(device)
     x, y = next(iter(data))
     saved = keras_amp.diagnostics.saved_activations(model, x, y)  # same state: keras_amp as built
@@ -112,6 +117,7 @@ def measure(workload: str, name: str, steps: int, smoke: bool, jit) -> dict:
         "device": device,
         "rss_mib": (peak_kib - baseline_kib) / 1024,
         "rss_exact": hwm_reset,
+        "rss_file_mib": None if file_before is None or file_after is None else (file_after - file_before) / 1024,
         "tf_peak_mib": None if tf_peak is None else (tf_peak - tf_before) / MIB,
         "baseline_rss_mib": baseline_kib / 1024,
         "saved_mib": saved.total_bytes / MIB,

@@ -58,7 +58,8 @@ MODES = {
     "smoke": dict(blocks=1, steps=2, warmup=1, memory_steps=1, memory_samples=1, memory=None,
                   memory_kinds=("float32", "stock", "amp"), workloads=None, variants=True),
 }
-MEMORY_FIGURES = ("rss_mib", "tf_peak_mib", "saved_mib")
+MEMORY_FIGURES = ("rss_mib", "tf_peak_mib", "saved_mib")  # compared, each against stock and float32
+MEDIAN_FIGURES = (*MEMORY_FIGURES, "rss_file_mib")  # rss_file_mib: of rss_mib, mapped files paged in
 LOSS_SCALE_ARGS = {
     "full": [],
     # A device without a fast float16 path (a CPU) emulates it (~0.6 s a step for the quick MLP on this project's
@@ -116,7 +117,7 @@ def _fmt(x, spec=".3f", none="–"):
 def median_memory(samples: list[dict]) -> dict:
     """One configuration's memory: the median of each figure over its processes, and their range."""
     found = dict(samples[0])
-    for fig in MEMORY_FIGURES:
+    for fig in MEDIAN_FIGURES:
         values = [r[fig] for r in samples if r.get(fig) is not None]
         found[fig] = statistics.median(values) if values else None
         found[fig + "_range"] = (min(values), max(values)) if values else None
@@ -127,7 +128,7 @@ def median_memory(samples: list[dict]) -> dict:
 def _memory_rows(memory: dict) -> list[str]:
     lines = [
         "",
-        "| model | config | RSS MiB | TF peak MiB (range) | saved MiB | RSS vs stock | TF peak vs stock "
+        "| model | config | RSS MiB (of it files) | TF peak MiB (range) | saved MiB | RSS vs stock | TF peak vs stock "
         "| saved vs stock | RSS vs float32 | TF peak vs float32 | saved vs float32 |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -138,7 +139,9 @@ def _memory_rows(memory: dict) -> list[str]:
             spread = f" ({span[0]:.0f}–{span[1]:.0f})" if span and m["samples"] > 1 else ""
             peak = _fmt(m.get("tf_peak_mib"), ".0f") + spread
             saved = _fmt(m.get("saved_mib"), ".1f") + (" + loops" if m.get("saved_unsized") else "")
-            cells = [_fmt(m.get("rss_mib"), ".0f"), peak, saved]
+            files = m.get("rss_file_mib")
+            rss = _fmt(m.get("rss_mib"), ".0f") + ("" if files is None else f" ({files:.0f})")
+            cells = [rss, peak, saved]
             for ref in (ms, m32):
                 cells += [_fmt(targets.ratio(m.get(f), ref.get(f)) if ref is not m else None) for f in MEMORY_FIGURES]
             lines.append(f"| {workload} | {name} | " + " | ".join(cells) + " |")
@@ -189,8 +192,10 @@ def build_table(results: dict, memory: dict, loss_scale: dict | None, header: li
     lines += _forward_rows(results)
     if memory:
         lines += _memory_rows(memory)
-        lines += ["", "Memory: RSS above the import baseline and TF's allocator peak (medians over the processes, "
-                      "range in brackets), saved = the forward tensors the backward pass reads "
+        lines += ["", "Memory: RSS above the import baseline (of it, in brackets, the growth of mapped files: "
+                      "shared-library code paged in, such as XLA's CPU compiler where a configuration compiles "
+                      "with XLA) and TF's allocator peak (medians over the processes, range in brackets), saved "
+                      "= the forward tensors the backward pass reads "
                       "(`keras_amp.diagnostics.saved_activations`, deterministic; \"+ loops\": an RNN loop's "
                       "per-step tensors, TensorLists without a static size, come on top)."]
     if loss_scale is not None:

@@ -92,6 +92,8 @@ def test_suite_prints_the_table(tmp_path):
     heights = [p.get_height() for p in time_ax.patches]
     assert heights[0] == 1.0 and all(h > 0 for h in heights)  # float32 / float32, then the others' ratios
     assert [p.get_height() for p in peak_ax.patches] == [m["tf_peak_mib"] for m in raw["memory"]["transformer"].values()]
+    if sys.platform.startswith("linux"):  # RssFile: the mapped files each configuration paged in
+        assert all(m["rss_file_mib"] is not None for m in raw["memory"]["transformer"].values())
 
 
 def _block(**ms):
@@ -118,6 +120,23 @@ def test_targets_are_issue_26s_floors_with_the_forward_pass_and_the_machine_said
     del results["transformer"]["forward_blocks"]  # a result without forward timing: no forward table or floor
     text, found = run_all.build_table(results, {}, None, [], amx=True)
     assert "Forward pass alone" not in text and not any("forward" in t for t in found)
+
+
+def test_rss_is_shown_with_and_without_the_mapped_files_paged_in():
+    import run_all  # noqa: PLC0415
+
+    def mem(rss, files, peak):
+        return run_all.median_memory([{"rss_mib": rss, "rss_file_mib": files, "tf_peak_mib": peak, "saved_mib": 10.0}])
+
+    memory = {"gru": {"float32": mem(200, 10, 100), "stock_bf16": mem(250, 15, 160), "amp_bf16": mem(275, 70, 125)}}
+    text, found = run_all.build_table({}, memory, None, [], amx=False)
+    assert "gru amp_bf16/stock_bf16 RSS: 1.100 (target <= 1.03) MISSED (less mapped files: 0.872)" in found
+    assert "gru amp_bf16/float32 RSS: 1.375 (target <= 0.7) MISSED (less mapped files: 1.079)" in found
+    assert "gru amp_bf16/stock_bf16 TF peak: 0.781 (target <= 1.03) OK (saved activations: 1.000)" in found
+    assert "| gru | amp_bf16 | 275 (70) | 125 |" in text
+    del memory["gru"]["stock_bf16"]["rss_file_mib"]  # a figure from a machine without RssFile: RSS alone
+    found = run_all.build_table({}, memory, None, [], amx=False)[1]
+    assert "gru amp_bf16/stock_bf16 RSS: 1.100 (target <= 1.03) MISSED" in found
 
 
 def assert_png(path):
