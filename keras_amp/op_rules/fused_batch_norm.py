@@ -1,4 +1,5 @@
-"""Batch normalisation of a 16-bit activation as TensorFlow's fused kernels.
+"""Batch normalisation of an activation as TensorFlow's fused kernels: of a 16-bit activation's float32
+upcast, and of a float32 activation.
 
 Keras's BatchNormalization, like any code that normalises an activation in float32:
 
@@ -8,32 +9,36 @@ Keras's BatchNormalization, like any code that normalises an activation in float
 As TensorFlow ops that is a float32 upcast, the moments, the normalisation and a downcast: passes
 over float32 copies of the activation forward, as many again backward. TensorFlow's
 `FusedBatchNormV3` reads the 16-bit x itself, with float32 statistics and parameters, float32
-arithmetic, one rounding of y; `FusedBatchNormGradV3` likewise. The rules here find that dataflow
+arithmetic, one rounding of y; `FusedBatchNormGradV3` likewise. A float32 layer in a mixed model (the
+"cnn" recipe's stem, a per-layer float32 rule) has no upcast and no rounding, but the same chain of
+float32 ops, eight-odd passes each way: the kernels read its float32 x (the same arithmetic, float32
+within its rounding; tested against float64). The tensor the kernels read, the 16-bit source
+of an exact upcast or the float32 x itself, is the `source` below. The rules find that dataflow
 (graph mode, channels last, on a CPU) and run the kernels:
 
-    moments        of an exact upcast `x = cast(x16, float32)` over every axis but the last: a
-                   training-form `FusedBatchNormV3` of x16, whose reserve outputs are the batch mean
-                   and biased variance (Keras's); they carry a tag naming x16.
-    normalisation  of an exact upcast with per-channel statistics: an inference-form
-                   `FusedBatchNormV3` with them gives the 16-bit y, returned as its exact float32
-                   upcast (Keras's dtype contract). Its gradient is `FusedBatchNormGradV3`: in training
-                   form when the statistics are the tagged moments of the same x16 (it differentiates
-                   through them, so they get no gradient from it; other consumers give them theirs);
-                   otherwise (moving statistics: inference, a frozen layer) with the statistics fixed,
-                   and their gradients from its per-channel sums.
+    moments        of a float32 x over every axis but the last: a training-form `FusedBatchNormV3`
+                   of its source, whose reserve outputs are the batch mean and biased variance
+                   (Keras's); they carry a tag naming the source.
+    normalisation  of a float32 x with per-channel statistics: an inference-form `FusedBatchNormV3`
+                   with them gives y in the source's dtype, returned as float32 (an exact upcast of a
+                   16-bit y: Keras's dtype contract). Its gradient is `FusedBatchNormGradV3`: in
+                   training form when the statistics are the tagged moments of the same source (it
+                   differentiates through them, so they get no gradient from it; other consumers give
+                   them theirs); otherwise (moving statistics: inference, a frozen layer) with the
+                   statistics fixed, and their gradients from its per-channel sums.
     cast           of an exact upcast back to its own 16-bit dtype (Keras's final `cast(y, bfloat16)`):
                    the 16-bit source itself, no op.
 
-The moments' own gradient (for consumers other than the normalisation) is the closed form from x16.
-Both rules are differentiable in x16 itself, not in its upcast: the upcast is then read by nothing
-and pruned, and neither gradient is cast up to float32 only for the upcast's gradient to cast it back
-down (per layer, a full-size cast forward and two backward, and a float32 copy of dx). The moments'
-gradient, where wanted, is rounded to x16's dtype before it is added to the normalisation's (one
-rounding more than a float32 sum: as at any 16-bit tensor read twice).
-Anything else runs the upcast-recompute rules: eager execution, channels first, ranks other than 2-5,
-parameters that are not per-channel vectors, synchronized moments, 16-bit x passed directly, and
-GPUs and TPUs (cuDNN's reserve outputs hold the inverse standard deviation, not the variance, and no
-GPU was available to measure the kernels on).
+The moments' own gradient (for consumers other than the normalisation) is the closed form from the
+source. Both rules are differentiable in the source, not in an upcast of it: the upcast is then read by
+nothing and pruned, and neither gradient is cast up to float32 only for the upcast's gradient to cast it
+back down (per layer, a full-size cast forward and two backward, and a float32 copy of dx). The moments'
+gradient, where wanted, is rounded to a 16-bit source's dtype before it is added to the normalisation's
+(one rounding more than a float32 sum: as at any 16-bit tensor read twice).
+Anything else runs the upcast-recompute rules (and, for a float32 x, its float32 ops): eager execution,
+channels first, ranks other than 2-5, parameters that are not per-channel vectors, synchronized moments,
+16-bit x passed directly, and GPUs and TPUs (cuDNN's reserve outputs hold the inverse standard
+deviation, not the variance, and no GPU was available to measure the kernels on).
 """
 
 from __future__ import annotations
@@ -58,58 +63,67 @@ def available() -> bool:
 
 
 class _Moments:
-    """What the moments rule leaves for the normalisation rule: the 16-bit source, its 4-D view and
+    """What the moments rule leaves for the normalisation rule: the source, its 4-D view and
     the variance tensor (the tag is on the mean)."""
 
-    def __init__(self, x16, x4, variance):
-        self.x16, self.x4, self.variance = x16, x4, variance
+    def __init__(self, source, x4, variance):
+        self.source, self.x4, self.variance = source, x4, variance
 
 
-def _as_4d(x16: tf.Tensor) -> tf.Tensor | None:
-    """x16 viewed as (N, H, W, C), the channel last and unchanged, or None for another rank."""
-    rank, channels = x16.shape.rank, x16.shape[-1]
+def _as_4d(source: tf.Tensor) -> tf.Tensor | None:
+    """source viewed as (N, H, W, C), the channel last and unchanged, or None for another rank."""
+    rank, channels = source.shape.rank, source.shape[-1]
     if rank == 4:
-        return x16
-    shape = tf.shape(x16)
+        return source
+    shape = tf.shape(source)
     if rank == 2:
-        return tf.reshape(x16, [-1, 1, 1, channels])
+        return tf.reshape(source, [-1, 1, 1, channels])
     if rank == 3:
-        return tf.reshape(x16, tf.stack([shape[0], shape[1], 1, channels]))
+        return tf.reshape(source, tf.stack([shape[0], shape[1], 1, channels]))
     if rank == 5:
-        return tf.reshape(x16, tf.stack([shape[0], shape[1] * shape[2], shape[3], channels]))
+        return tf.reshape(source, tf.stack([shape[0], shape[1] * shape[2], shape[3], channels]))
     return None
 
 
+def _source(x: Any) -> tf.Tensor | None:
+    """The tensor the kernels read for `x` (the module doc): the 16-bit source of an exact float32 upcast,
+    or a float32 `x` itself; None for any other dtype (a 16-bit `x` passed directly among them)."""
+    if not isinstance(x, tf.Tensor) or x.dtype != tf.float32:
+        return None
+    source = source16(x)
+    return x if source is None else source
+
+
 def _fusable(x: Any, axes: Any = None) -> tf.Tensor | None:
-    """x16 when `x` is a graph-mode float32 upcast of a 16-bit tensor of rank 2-5 with a static channel
-    count and `axes` (unless None) are all of its axes but the last; else None."""
+    """The source of `x` when `x` is a graph-mode float32 tensor of rank 2-5 with a static channel count
+    and `axes` (unless None) are all of its axes but the last; else None."""
     if tf.executing_eagerly() or not available():
         return None
-    x16 = source16(x)
-    if x16 is None or x16 is x or x.shape.rank is None or x.shape[-1] is None:
+    source = _source(x)
+    if source is None or x.shape.rank is None or x.shape[-1] is None:
         return None
     rank = x.shape.rank
     if axes is None:
-        return x16 if 2 <= rank <= 5 else None
+        return source if 2 <= rank <= 5 else None
     try:
         reduced = sorted(a % rank for a in ([axes] if isinstance(axes, int) else axes))
     except TypeError:
         return None
-    return x16 if 2 <= rank <= 5 and reduced == list(range(rank - 1)) else None
+    return source if 2 <= rank <= 5 and reduced == list(range(rank - 1)) else None
 
 
 def fused_moments(rule: Callable) -> Callable:
     """Wraps the moments rule (`upcast_recompute.upcast_recompute_moments`): see the module doc."""
 
     def moments(x, axes, keepdims=False, synchronized=False):
-        x16 = None if synchronized else _fusable(x, axes)
-        x4 = None if x16 is None else _as_4d(x16)
+        source = None if synchronized else _fusable(x, axes)
+        x4 = None if source is None else _as_4d(source)
         if x4 is None:
             return rule(x, axes, keepdims=keepdims, synchronized=synchronized)
         channels, rank = x.shape[-1], x.shape.rank
 
         @custom_gradient
-        def batch_moments(x16):  # differentiable in x16, not its upcast (the module doc: why)
+        def batch_moments(source):  # differentiable in the source, not its upcast (the module doc: why)
             # The reserve outputs are the batch mean and biased variance on a CPU (the module doc).
             mean, variance = tf.raw_ops.FusedBatchNormV3(
                 x=x4, scale=tf.ones([channels]), offset=tf.zeros([channels]), mean=tf.zeros([0]),
@@ -119,19 +133,19 @@ def fused_moments(rule: Callable) -> Callable:
                 # d mean / dx = 1/n; d variance / dx = 2 (x - mean) / n.
                 if d_mean is None and d_variance is None:
                     return None  # the normalisation's gradient covers them: no full-size zeros
-                n = tf.cast(tf.size(x16) // channels, tf.float32)
-                dx = tf.zeros(tf.shape(x16), tf.float32)
+                n = tf.cast(tf.size(source) // channels, tf.float32)
+                dx = tf.zeros(tf.shape(source), tf.float32)
                 if d_variance is not None:
-                    dx = d_variance * (2.0 / n) * (recompute_upcast(x16, d_mean, d_variance) - mean)
-                return tf.cast(dx if d_mean is None else dx + d_mean / n, x16.dtype)
+                    dx = d_variance * (2.0 / n) * (recompute_upcast(source, d_mean, d_variance) - mean)
+                return tf.cast(dx if d_mean is None else dx + d_mean / n, source.dtype)
 
             return (mean, variance), grad
 
-        mean, variance = batch_moments(x16)
+        mean, variance = batch_moments(source)
         if keepdims:
             mean = tf.reshape(mean, [1] * (rank - 1) + [channels])
             variance = tf.reshape(variance, [1] * (rank - 1) + [channels])
-        setattr(mean, _TAG, _Moments(x16, x4, variance))
+        setattr(mean, _TAG, _Moments(source, x4, variance))
         return mean, variance
 
     moments.__name__ = moments.__qualname__ = "moments"
@@ -150,24 +164,24 @@ def _per_channel(t: Any, channels: int, fill: float | None) -> tf.Tensor | None:
     return tf.cast(tf.reshape(t, [channels]), tf.float32)
 
 
-def _normalize(x16, x4, mean, variance, gamma, beta, epsilon, batch: bool) -> tf.Tensor:
-    """The 16-bit y of `FusedBatchNormV3` (inference form) with these (channels,) float32 statistics and
-    parameters; its gradient `FusedBatchNormGradV3`, in training form when they are x's batch moments
+def _normalize(source, x4, mean, variance, gamma, beta, epsilon, batch: bool) -> tf.Tensor:
+    """y of `FusedBatchNormV3` (inference form; the source's dtype) with these (channels,) float32
+    statistics and parameters; its gradient `FusedBatchNormGradV3`, in training form when they are x's batch moments
     (`batch`), else with the statistics held fixed (and their own gradients from its per-channel sums).
-    Differentiable in x16, not its upcast (the module doc: why)."""
+    Differentiable in the source, not its upcast (the module doc: why)."""
 
     @custom_gradient
-    def normalize(x16, mean, variance, gamma, beta):
+    def normalize(source, mean, variance, gamma, beta):
         y4 = tf.raw_ops.FusedBatchNormV3(
             x=x4, scale=gamma, offset=beta, mean=mean, variance=variance, epsilon=epsilon, is_training=False)[0]
 
         def grad(dy):
             dx, d_gamma, d_beta, _, _ = tf.raw_ops.FusedBatchNormGradV3(
-                y_backprop=tf.reshape(tf.cast(dy, x16.dtype), tf.shape(x4)), x=x4, scale=gamma,
+                y_backprop=tf.reshape(tf.cast(dy, source.dtype), tf.shape(x4)), x=x4, scale=gamma,
                 # The CPU kernels read no third reserve (empty in their forward pass; tested).
                 reserve_space_1=mean, reserve_space_2=variance, reserve_space_3=tf.zeros([0]),
                 epsilon=epsilon, is_training=batch)
-            dx = tf.reshape(dx, tf.shape(x16))
+            dx = tf.reshape(dx, tf.shape(source))
             if batch:  # the statistics' dependence on x is in dx already: no gradient for them here
                 return dx, None, None, d_gamma, d_beta
             # y = (x - mean) r gamma + beta, r = (variance + epsilon)^-1/2: d_beta = sum(dy),
@@ -175,9 +189,9 @@ def _normalize(x16, x4, mean, variance, gamma, beta, epsilon, batch: bool) -> tf
             r = tf.math.rsqrt(variance + epsilon)
             return dx, -r * gamma * d_beta, -0.5 * r * r * gamma * d_gamma, d_gamma, d_beta
 
-        return tf.reshape(y4, tf.shape(x16)), grad
+        return tf.reshape(y4, tf.shape(source)), grad
 
-    return normalize(x16, mean, variance, gamma, beta)
+    return normalize(source, mean, variance, gamma, beta)
 
 
 def fused_batch_normalization(rule: Callable) -> Callable:
@@ -185,17 +199,17 @@ def fused_batch_normalization(rule: Callable) -> Callable:
 
     def batch_normalization(x, mean, variance, axis, offset=None, scale=None, epsilon=1e-3):
         stats = getattr(mean, _TAG, None)
-        batch = stats is not None and stats.variance is variance and source16(x) is stats.x16
-        x16 = stats.x16 if batch else _fusable(x)
-        x4 = stats.x4 if batch else (None if x16 is None else _as_4d(x16))
-        if x4 is None or x.dtype != tf.float32 or axis not in (-1, x.shape.rank - 1):
+        batch = stats is not None and stats.variance is variance and _source(x) is stats.source
+        source = stats.source if batch else _fusable(x)
+        x4 = stats.x4 if batch else (None if source is None else _as_4d(source))
+        if x4 is None or axis not in (-1, x.shape.rank - 1):
             return rule(x, mean, variance, axis, offset, scale, epsilon)
         channels = x.shape[-1]
         params = [_per_channel(t, channels, fill) for t, fill in ((mean, None), (variance, None), (scale, 1.0),
                                                                  (offset, 0.0))]
         if any(t is None for t in params):
             return rule(x, mean, variance, axis, offset, scale, epsilon)
-        return tf.cast(_normalize(x16, x4, *params[:2], params[2], params[3], epsilon, batch), tf.float32)
+        return tf.cast(_normalize(source, x4, *params[:2], params[2], params[3], epsilon, batch), tf.float32)
 
     batch_normalization.__name__ = batch_normalization.__qualname__ = "batch_normalization"
     batch_normalization.unfused = rule

@@ -68,7 +68,7 @@ MATMUL = "keras.src.backend.tensorflow.numpy.matmul"
 ADD = "keras.src.backend.tensorflow.numpy.add"
 EINSUM = "keras.src.backend.tensorflow.numpy.einsum"
 CAST = "keras.src.backend.tensorflow.core.cast"
-FUSED_BATCH_NORM_OP = "moments and batch_normalization of an upcast 16-bit activation (BatchNormalization)"
+FUSED_BATCH_NORM_OP = "moments and batch_normalization of a float32 or upcast 16-bit activation (BatchNormalization)"
 ROUND_TRIP_CAST_OP = "cast of an exact float32 upcast back to its 16-bit dtype"
 BIAS_GRADIENT_OP = "bias add (Dense, EinsumDense, convolution biases: `add` of a channel vector), backward pass"
 EINSUM_ROWS_OP = "einsum of an activation by a weight (EinsumDense's equations), graph mode"
@@ -156,6 +156,7 @@ RULES: tuple[Rule, ...] = (
          "axis but the last and the normalisation with per-channel statistics (the batch's, or moving ones) "
          "run as TensorFlow's FusedBatchNormV3 and FusedBatchNormGradV3 on the 16-bit tensor itself "
          "(float32 statistics and arithmetic, y rounded once) instead of float32 ops over float32 copies; "
+         "a float32 layer's activation (the cnn recipe's stem) likewise, in float32; "
          "channels first, GPUs and TPUs keep the rows below"),
     Rule(ROUND_TRIP_CAST_OP, "", "compute dtype", "input dtype", BOTH, "keras_amp", (CAST,),
          "speed: in graph mode `cast(cast(x16, float32), x16.dtype)` is x16 itself, the same values and "
