@@ -2,10 +2,14 @@
 
     python benchmarks/bench_loss_scale.py                 # ~4M-parameter MLP, the recorded figure
     python benchmarks/bench_loss_scale.py --width 512 --blocks 4 --block-steps 20   # quick check
+    python benchmarks/bench_loss_scale.py --width 256 --batch 128 --seconds 60     # small steps, many blocks
 
 Both models are identical (same seed), trained on the same cached tf.data input. After a
 warm-up, fit() runs alternate blocks of steps for each optimizer; a callback times every batch.
 Prints the median step time of each and the median of per-block ratios (target <= 1.02).
+With `--seconds`, blocks are added past `--blocks` (in pairs, so each optimizer goes first
+equally often) until that much time is spent: a few-millisecond step needs hundreds of
+blocks before the median settles, an emulated float16 step a few.
 """
 
 import argparse
@@ -54,9 +58,17 @@ def main():
     p.add_argument("--blocks", type=int, default=10, help="blocks per optimizer")
     p.add_argument("--block-steps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--seconds", type=float, default=0.0,
+                   help="keep adding pairs of blocks past --blocks until the blocks took this long (0: --blocks only)")
     p.add_argument("--jit", action="store_true", help="jit_compile=True")
     p.add_argument("--json", help="also write the result here (run_all.py reads it)")
     args = p.parse_args()
+    # A block's first batch includes fit()'s set-up and is not timed: a block needs 2 steps.
+    for name, least in (("width", 1), ("depth", 1), ("batch", 1), ("blocks", 1), ("block_steps", 2), ("warmup", 1)):
+        if getattr(args, name) < least:
+            p.error(f"--{name.replace('_', '-')} must be an integer >= {least}. Received: {getattr(args, name)}")
+    if not args.seconds >= 0:  # NaN fails too
+        p.error(f"--seconds must be a number >= 0. Received: {args.seconds}")
 
     keras.config.set_dtype_policy("mixed_float16")
     features = args.width
@@ -80,7 +92,8 @@ def main():
     params = runs["stock"][0].count_params()
 
     ratios = []
-    for block in range(args.blocks):
+    start, block = time.perf_counter(), 0
+    while block < args.blocks or (args.seconds and (block % 2 or time.perf_counter() - start < args.seconds)):
         order = list(runs) if block % 2 == 0 else list(reversed(runs))
         medians = {}
         for name in order:
@@ -91,12 +104,13 @@ def main():
             times.extend(timer.times[1:])  # the first batch of a fit() call includes setup
             medians[name] = float(np.median(timer.times[1:]))
         ratios.append(medians["keras_amp"] / medians["stock"])
+        block += 1
 
     result = {
         "params": params,
         "batch": args.batch,
         "jit": args.jit,
-        "blocks": args.blocks,
+        "blocks": len(ratios),
         "block_steps": args.block_steps,
         "median_step_ms": {k: 1e3 * float(np.median(t)) for k, (_, t) in runs.items()},
         "median_ratio": float(np.median(ratios)),

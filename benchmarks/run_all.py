@@ -62,9 +62,11 @@ MEMORY_FIGURES = ("rss_mib", "tf_peak_mib", "saved_mib")  # compared, each again
 MEDIAN_FIGURES = (*MEMORY_FIGURES, "rss_file_mib")  # rss_file_mib: of rss_mib, mapped files paged in
 LOSS_SCALE_ARGS = {
     "full": [],
-    # A device without a fast float16 path (a CPU) emulates it (~0.6 s a step for the quick MLP on this project's
-    # CPU; the full 4M-parameter MLP would take hours): the quick model, more blocks and steps.
-    "full_cpu": ["--width", "256", "--batch", "128", "--blocks", "8", "--block-steps", "15", "--warmup", "5"],
+    # A device without a fast float16 path (a CPU) emulates it, at very different speeds from one CPU to the next
+    # (the quick MLP's step took 0.6 s on one and 6 ms on another): the quick model, and blocks added until 90 s
+    # are spent, as a 6 ms step's block ratios spread +-8% and the median needs ~200 blocks to settle near 1%.
+    "full_cpu": ["--width", "256", "--batch", "128", "--blocks", "8", "--block-steps", "30", "--warmup", "5",
+                 "--seconds", "90"],
     # float16 matmuls are emulated on CPUs (slow): a small MLP keeps QUICK=1 short there.
     "quick": ["--width", "256", "--batch", "128", "--blocks", "3", "--block-steps", "8", "--warmup", "4"],
     "smoke": ["--width", "32", "--depth", "1", "--batch", "8", "--blocks", "2", "--block-steps", "2",
@@ -112,6 +114,14 @@ def paired(blocks: list[dict], a: str, b: str) -> tuple[float, float, float]:
 
 def _fmt(x, spec=".3f", none="–"):
     return none if x is None else format(x, spec)
+
+
+def _quartiles(values: list[float]) -> str:
+    """'a–b', the middle half of `values` (one value: itself)."""
+    if len(values) < 2:
+        return _fmt(values[0]) if values else "–"
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return f"{q1:.3f}–{q3:.3f}"
 
 
 def median_memory(samples: list[dict]) -> dict:
@@ -205,8 +215,8 @@ def build_table(results: dict, memory: dict, loss_scale: dict | None, header: li
                       f"{loss_scale['batch']}, mixed_float16, {loss_scale['blocks']} blocks x "
                       f"{loss_scale['block_steps']} steps): stock {loss_scale['median_step_ms']['stock']:.1f} ms, "
                       f"keras_amp {loss_scale['median_step_ms']['keras_amp']:.1f} ms per step; median ratio "
-                      f"{loss_scale['median_ratio']:.3f} (blocks {min(loss_scale['block_ratios']):.3f}–"
-                      f"{max(loss_scale['block_ratios']):.3f})."]
+                      f"{loss_scale['median_ratio']:.3f} (middle half of the blocks "
+                      f"{_quartiles(loss_scale['block_ratios'])})."]
     lines += ["", "Targets (keras_amp = amp_*, ratios are medians of per-block ratios). "
               + targets.float32_note(amx), ""]
     lines += [f"- {t}" for t in found]

@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,7 @@ def test_suite_prints_the_table(tmp_path):
     for name in ("float32", "stock_bf16", "amp_bf16", "amp_bf16+logits"):
         assert f"| transformer | {name} |" in out
     assert "Targets" in out and "loss scaling keras_amp/stock" in out
+    assert re.search(r"2 blocks x 2 steps\): .* \(middle half of the blocks \d\.\d{3}–\d\.\d{3}\)", out), out
     assert "transformer amp_bf16/float32 forward pass: " in out  # issue 26's forward-pass floor
     forward = out[out.index("Forward pass alone"):].split("\n\n")[1]  # the forward table
     rows = [line.split(" | ")[1] for line in forward.splitlines() if line.startswith("| transformer |")]
@@ -192,6 +194,26 @@ def test_quick_mode_times_the_three_workloads_without_variants(monkeypatch):
     monkeypatch.delenv("QUICK")
     full = _planned_runs(["--no-memory", "--no-loss-scale"])
     assert [args[0] for args in full["bench_time.py"]] == list(workloads.WORKLOADS)
+
+
+@pytest.mark.slow
+def test_loss_scale_benchmark_adds_pairs_of_blocks_until_its_seconds_are_spent(tmp_path):
+    script = [sys.executable, str(ROOT / "benchmarks" / "bench_loss_scale.py")]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    tiny = ["--width", "16", "--depth", "1", "--batch", "4", "--block-steps", "2", "--warmup", "1"]
+    bad = subprocess.run([*script, *tiny, "--seconds", "-1"], capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 2 and "--seconds must be a number >= 0. Received: -1.0" in bad.stderr, bad.stderr
+    bad = subprocess.run([*script, "--block-steps", "1"], capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 2 and "--block-steps must be an integer >= 2. Received: 1" in bad.stderr, bad.stderr
+    start = time.perf_counter()
+    proc = subprocess.run([*script, *tiny, "--blocks", "1", "--seconds", "3", "--json", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "r.json").read_text())
+    # Past the one block asked for: pairs (each optimizer first equally often) until 3 s of blocks.
+    assert result["blocks"] >= 4 and result["blocks"] % 2 == 0, result
+    assert len(result["block_ratios"]) == result["blocks"]
+    assert time.perf_counter() - start >= 3
 
 
 @pytest.mark.slow
