@@ -189,7 +189,9 @@ def _normalize(source, x4, mean, variance, gamma, beta, epsilon, batch: bool) ->
             r = tf.math.rsqrt(variance + epsilon)
             return dx, -r * gamma * d_beta, -0.5 * r * r * gamma * d_gamma, d_gamma, d_beta
 
-        return tf.reshape(y4, tf.shape(source)), grad
+        # y4 itself at rank 4: a Relu reading it fuses with the kernel (TensorFlow's remapper,
+        # `_FusedBatchNormEx`); a Reshape between them, even of the same shape, keeps them apart.
+        return (y4 if x4 is source else tf.reshape(y4, tf.shape(source))), grad
 
     return normalize(source, mean, variance, gamma, beta)
 

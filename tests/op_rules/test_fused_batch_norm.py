@@ -176,6 +176,31 @@ def test_step_runs_no_full_size_arithmetic_or_cast_beside_the_kernels(policy):
         "FusedBatchNormV3": 2, "FusedBatchNormGradV3": 1}, counts[True]
 
 
+def test_relu_after_the_layer_reads_the_kernels_y_directly():
+    # TensorFlow's remapper fuses FusedBatchNormV3 + Relu (`_FusedBatchNormEx`, oneDNN on a CPU: Relu
+    # applied to the float32 result before its one rounding, so the same numbers) only where the Relu
+    # reads the kernel's y; identities are forwarded first, a Reshape between them is not.
+    shape = (4, 6, 6, 8)
+    x, _, x64, _ = _data(shape, "mixed_bfloat16")
+    _enable("mixed_bfloat16")
+    try:
+        bn = _layer(shape, "mixed_bfloat16")
+        relu = keras.layers.ReLU(dtype="mixed_bfloat16")
+        step = tf.function(lambda x: relu(bn(x, training=True)), autograph=False)
+        y = np.asarray(tf.cast(step(x), tf.float64))
+        graph = step.get_concrete_function(x).graph
+    finally:
+        keras_amp.disable()
+    (relu_op,) = [op for op in graph.get_operations() if op.type == "Relu"]
+    t = relu_op.inputs[0]
+    while t.op.type == "IdentityN":
+        t = t.op.inputs[t.value_index]
+    assert t.op.type == "FusedBatchNormV3" and t.value_index == 0, t
+    ref = _reference(x64, np.zeros(shape), bn.gamma.numpy().astype(np.float64), bn.beta.numpy().astype(np.float64))
+    bound = ULP["mixed_bfloat16"] / 2 * np.abs(ref["y"]) + 1e-5 * (np.abs(ref["xhat"]) + 1.0) * 2.0
+    assert np.all(np.abs(y - np.maximum(ref["y"], 0.0)) <= bound)
+
+
 @pytest.mark.parametrize("policy", WITH_FLOAT32)
 @pytest.mark.parametrize("frozen", [False, True], ids=["inference", "frozen_layer_in_training"])
 def test_moving_statistics_run_the_fused_kernels_within_one_rounding(policy, frozen):
