@@ -71,7 +71,8 @@ class _Moments:
 
 
 def _as_4d(source: tf.Tensor) -> tf.Tensor | None:
-    """source viewed as (N, H, W, C), the channel last and unchanged, or None for another rank."""
+    """source (or a tensor of its shape: a gradient) viewed as (N, H, W, C), the channel last and
+    unchanged, or None for another rank; itself at rank 4."""
     rank, channels = source.shape.rank, source.shape[-1]
     if rank == 4:
         return source
@@ -83,6 +84,13 @@ def _as_4d(source: tf.Tensor) -> tf.Tensor | None:
     if rank == 5:
         return tf.reshape(source, tf.stack([shape[0], shape[1] * shape[2], shape[3], channels]))
     return None
+
+
+def _from_4d(t4: tf.Tensor, source: tf.Tensor) -> tf.Tensor:
+    """`_as_4d`'s inverse: `t4` in `source`'s shape; `t4` itself at rank 4, where a Reshape, even of
+    the same shape, would keep TensorFlow's remapper from fusing a Relu that reads the kernel's y
+    into it (`_FusedBatchNormEx`)."""
+    return t4 if source.shape.rank == 4 else tf.reshape(t4, tf.shape(source))
 
 
 def _source(x: Any) -> tf.Tensor | None:
@@ -177,11 +185,11 @@ def _normalize(source, x4, mean, variance, gamma, beta, epsilon, batch: bool) ->
 
         def grad(dy):
             dx, d_gamma, d_beta, _, _ = tf.raw_ops.FusedBatchNormGradV3(
-                y_backprop=tf.reshape(tf.cast(dy, source.dtype), tf.shape(x4)), x=x4, scale=gamma,
+                y_backprop=_as_4d(tf.cast(dy, source.dtype)), x=x4, scale=gamma,
                 # The CPU kernels read no third reserve (empty in their forward pass; tested).
                 reserve_space_1=mean, reserve_space_2=variance, reserve_space_3=tf.zeros([0]),
                 epsilon=epsilon, is_training=batch)
-            dx = tf.reshape(dx, tf.shape(source))
+            dx = _from_4d(dx, source)
             if batch:  # the statistics' dependence on x is in dx already: no gradient for them here
                 return dx, None, None, d_gamma, d_beta
             # y = (x - mean) r gamma + beta, r = (variance + epsilon)^-1/2: d_beta = sum(dy),
@@ -189,9 +197,7 @@ def _normalize(source, x4, mean, variance, gamma, beta, epsilon, batch: bool) ->
             r = tf.math.rsqrt(variance + epsilon)
             return dx, -r * gamma * d_beta, -0.5 * r * r * gamma * d_gamma, d_gamma, d_beta
 
-        # y4 itself at rank 4: a Relu reading it fuses with the kernel (TensorFlow's remapper,
-        # `_FusedBatchNormEx`); a Reshape between them, even of the same shape, keeps them apart.
-        return (y4 if x4 is source else tf.reshape(y4, tf.shape(source))), grad
+        return _from_4d(y4, source), grad
 
     return normalize(source, mean, variance, gamma, beta)
 
