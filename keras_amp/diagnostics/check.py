@@ -219,7 +219,9 @@ def check_model(model: keras.Model, x: Any = None, *, training: bool = False,
     "low_precision_op"); a model output that is not float32, unless its loss reads it only as
     logits of a float32 log-softmax (then a note says so); float16 or bfloat16 variables; a
     float16 model compiled without a `LossScaleOptimizer`; Dense/Conv/Embedding/attention
-    dimensions not divisible by 8 in 16-bit layers (on GPUs with tensor cores for that dtype); a model built before `enable()`. Layers whose
+    dimensions not divisible by 8 in 16-bit layers (on GPUs with tensor cores for that dtype); a
+    bfloat16 model compiled with `jit_compile=True` on a CPU with oneDNN's bfloat16 kernels (XLA does
+    not use them); a model built before `enable()`. Layers whose
     ops compute in float32 (keras-hub's RMS norms, Keras's normalisation layers, keras_amp's
     islands, what the op rules in force cover) are not flagged, whatever they are called.
 
@@ -233,7 +235,8 @@ def check_model(model: keras.Model, x: Any = None, *, training: bool = False,
             subclassed model called eagerly) nothing runs and `notes` say so.
         training: Bool, default False. The `training` flag of that run.
         device: `hardware.DeviceInfo` or None (default: this machine's). Dimensions not divisible
-            by 8 are reported only where its GPUs have tensor cores for the layer's dtype.
+            by 8 are reported only where its GPUs have tensor cores for the layer's dtype; XLA only
+            where it is a CPU alone with fast bfloat16 (`DeviceInfo.cpu_fast_bfloat16`).
         loss: None (default: the compiled loss) or the loss the outputs feed, for a model trained
             in a custom loop: a `keras.losses.Loss`, a loss function or name, or a list/dict of
             them per output as `compile` takes. It is traced on a 16-bit tensor shaped like each
@@ -287,6 +290,7 @@ def check_model(model: keras.Model, x: Any = None, *, training: bool = False,
         tree = model_graph.layer_tree(model)  # the audit built it: sublayers made in build() are new
     found.extend(_variable_findings(layers, tree))
     found.extend(_scaling_findings(model, layers))
+    found.extend(_xla_findings(model, layers, device))
     found.extend(_stale_findings(model, tree))
     order = {kind: i for i, kind in enumerate(KINDS)}
     findings = tuple(sorted(found, key=lambda f: order[f.kind]))  # stable: model order within a kind
@@ -335,13 +339,18 @@ def _variable_findings(layers, tree: model_graph.LayerTree) -> list[Finding]:
     return findings
 
 
+def _weighted_paths(layers, dtype: str) -> list[str]:
+    """The paths of the layers with weights that compute in `dtype`."""
+    return [path for path, layer in layers if layer.compute_dtype == dtype and layer.weights]
+
+
 def _scaling_findings(model, layers) -> list[Finding]:
     optimizer = getattr(model, "optimizer", None)
     if not getattr(model, "compiled", False) or optimizer is None:
         return []
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return []
-    fp16 = [path for path, layer in layers if layer.compute_dtype == "float16" and layer.weights]
+    fp16 = _weighted_paths(layers, "float16")
     if not fp16:
         return []
     return [Finding(
@@ -350,4 +359,25 @@ def _scaling_findings(model, layers) -> list[Finding]:
         f"{type(optimizer).__name__} does not scale the loss: small gradients underflow to 0. Keras only "
         f"auto-wraps when the model's own policy is mixed_float16 (here {model.dtype_policy.name})",
         "compile with keras_amp.optimizers.LossScaleOptimizer(optimizer) (or keras.optimizers.LossScaleOptimizer)",
+    )]
+
+
+def _xla_findings(model, layers, device: hardware.DeviceInfo) -> list[Finding]:
+    # XLA compiles a step's matmuls and convolutions with its own CPU code generator, not oneDNN's
+    # bfloat16 kernels (avx512_bf16, AMX): on such a CPU the compiled bfloat16 step loses what bfloat16
+    # bought (BUILD_NOTES: "`jit_compile=True` on a CPU"). Keras's jit_compile="auto" leaves XLA off
+    # without GPUs or TPUs.
+    if (not getattr(model, "compiled", False) or getattr(model, "jit_compile", False) is not True
+            or device.gpus or device.tpu_count or not device.cpu_fast_bfloat16):
+        return []
+    bf16 = _weighted_paths(layers, "bfloat16")
+    if not bf16:
+        return []
+    return [Finding(
+        "xla_on_cpu", model.name,
+        f"compiled with jit_compile=True, and {len(bf16)} layer(s) compute in bfloat16 (e.g. {bf16[0]!r}); on "
+        f"this {device.summary()} XLA's matmuls and convolutions do not use oneDNN's bfloat16 kernels, so "
+        "the compiled step can be slower than without XLA, even than float32",
+        "compile with jit_compile=False (what jit_compile='auto', Keras's default, picks on a machine "
+        "without GPUs or TPUs)",
     )]

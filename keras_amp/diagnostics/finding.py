@@ -17,6 +17,7 @@ KINDS = (
     "low_precision_variables",
     "no_loss_scaling",
     "dimension_not_multiple_of_8",
+    "xla_on_cpu",
 )
 
 

@@ -6,6 +6,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_amp
 from keras_amp import layers as amp_layers
@@ -233,6 +234,30 @@ def test_dimensions_not_multiple_of_8():
     assert findings(one_layer(keras.layers.Dense(16), shape=(16,)), "dimension_not_multiple_of_8") == []
     # In float32 there are no 16-bit tensor cores to miss.
     assert findings(one_layer(keras.layers.Dense(12, dtype="float32")), "dimension_not_multiple_of_8") == []
+
+
+def test_xla_on_a_cpu_with_fast_bfloat16():
+    keras_amp.enable("mixed_bfloat16")
+    zen4 = DeviceInfo(cpu_model="AMD EPYC", cpu_flags=frozenset({"avx512_bf16"}), onednn_enabled=True)
+    model = one_layer(keras.layers.Dense(16, name="d"), shape=(16,))
+    model.compile("adam", "mse", jit_compile=True)
+    (finding,) = check.check_model(model, device=zen4).of_kind("xla_on_cpu")
+    assert finding.layer == model.name and "'d'" in finding.message and "jit_compile=False" in finding.fix
+    assert "AMD EPYC" in finding.message
+    # Where XLA is no loss, or bfloat16 no gain: a GPU or TPU, oneDNN off (bfloat16 emulated either way).
+    for device in (A100, DeviceInfo(tpu_count=8), dataclasses.replace(zen4, onednn_enabled=False)):
+        assert check.check_model(model, device=device).of_kind("xla_on_cpu") == []
+    model.compile("adam", "mse", jit_compile=False)
+    assert check.check_model(model, device=zen4).of_kind("xla_on_cpu") == []
+    if not tf.config.list_physical_devices("GPU"):
+        model.compile("adam", "mse")  # "auto": Keras leaves XLA off on a machine of CPUs alone
+        assert model.jit_compile is False
+        assert check.check_model(model, device=zen4).of_kind("xla_on_cpu") == []
+    # float32 layers lose no bfloat16 kernel to XLA; nor does a model that was never compiled.
+    f32 = one_layer(keras.layers.Dense(16, dtype="float32"), shape=(16,))
+    f32.compile("adam", "mse", jit_compile=True)
+    assert check.check_model(f32, device=zen4).of_kind("xla_on_cpu") == []
+    assert check.check_model(one_layer(keras.layers.Dense(16)), device=zen4).of_kind("xla_on_cpu") == []
 
 
 @pytest.mark.parametrize("cls", [keras.layers.SeparableConv1D, keras.layers.SeparableConv2D])

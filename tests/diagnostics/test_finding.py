@@ -43,7 +43,7 @@ def test_a_finding_is_frozen_data_compared_by_value():
 
 
 def test_kinds_are_unique_and_the_public_face_is_this_table():
-    assert len(set(KINDS)) == len(KINDS) == 11
+    assert len(set(KINDS)) == len(KINDS) == 12
     assert diagnostics.KINDS is KINDS and check.KINDS is KINDS
     assert diagnostics.Finding is Finding and keras_amp.Finding is Finding
 
