@@ -42,6 +42,16 @@ def test_doctor_reports_an_injected_gpu():
     assert report["Devices"]["gpu:0"] == "Tesla T4, compute capability 7.5"
     assert report["Devices"]["fast float16"] == "yes"
     assert report["Precision"]["'auto' would choose"] == "mixed_float16"
+    assert "jit_compile=True" not in report["Precision"]  # XLA loses no kernel on a GPU
+
+
+def test_doctor_advises_against_xla_on_a_cpu_with_fast_bfloat16():
+    zen4 = DeviceInfo(cpu_model="AMD EPYC", cpu_flags=frozenset({"avx512_bf16"}), onednn_enabled=True)
+    report = doctor.as_dict(doctor.collect(zen4))
+    assert report["Precision"]["'auto' would choose"] == "mixed_bfloat16"
+    assert "oneDNN's bfloat16 kernels" in report["Precision"]["jit_compile=True"]
+    off = doctor.as_dict(doctor.collect(DeviceInfo(cpu_flags=frozenset({"avx512_bf16"}), onednn_enabled=False)))
+    assert "jit_compile=True" not in off["Precision"]  # bfloat16 is emulated either way
 
 
 def test_register_section_extends_the_report():
