@@ -28,10 +28,14 @@ variable's index, so every replica rounds the same way.
 
 Weights of layers that compute in float32 (islands) stay float32 with Keras's float32 moments.
 `keras_amp.memory.prepare(model, optimizer)` hands the optimizer its weights (fit does it when
-keras_amp is enabled); it must run before the optimizer is built.
+keras_amp is enabled); it must run before the optimizer is built. A `build` on weights none of which
+`prepare` stored waits for it (Keras builds optimizers when it loads a model, and fit before its first
+step); without it, the first `apply` builds the optimizer as Keras's Adam and warns (`AmpWarning`).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import keras
 import numpy as np
@@ -40,6 +44,7 @@ import tensorflow as tf
 from keras_amp import _compat, validation
 from keras_amp.memory import storage
 from keras_amp.numerics import adam16, bits
+from keras_amp.policy import AmpWarning
 
 COMPENSATIONS = ("split", "kahan", "stochastic", "none")
 # Weights larger than this are "large": under XLA their update writes into the variables' own
@@ -146,13 +151,10 @@ class LeanAdam(keras.optimizers.Adam):
         if self.built:
             return
         var_list = list(var_list)
-        if not any(id(v) in self._pending for v in var_list):
-            if not tf.inside_function():
-                return  # Keras's model loading builds optimizers early; `prepare` builds this one later.
-            raise ValueError(
-                "LeanAdam has no 16-bit weights to train: call keras_amp.memory.prepare(model, optimizer) "
-                "on the built model before training (fit does it while keras_amp is enabled and the "
-                "model is built); layers that compute in float32 keep float32 weights.")
+        if not any(id(v) in self._pending for v in var_list) and not getattr(self, "_as_adam", False):
+            # Keras's model loading and fit's symbolic build build optimizers early; `prepare` (or the
+            # first `apply`, `_build_as_adam`) builds this one later.
+            return
         keras.optimizers.Optimizer.build(self, var_list)
         self._momentums, self._velocities, self._kinds, self._low = [], [], [], []
         for v in var_list:
@@ -186,6 +188,37 @@ class LeanAdam(keras.optimizers.Adam):
             # would be ops of that graph instead of the loaded state (training resumed from zero).
             with tf.init_scope():
                 super().load_own_variables(deferred)
+
+    def apply(self, grads, trainable_variables=None):
+        if not self.built and trainable_variables is not None:
+            trainable_variables = list(trainable_variables)
+            if not any(id(v) in self._pending for v in trainable_variables):
+                self._build_as_adam(trainable_variables)
+        return super().apply(grads, trainable_variables)
+
+    def _build_as_adam(self, var_list) -> None:
+        """Builds on weights none of which `prepare` stored in 16 bits: they train as Keras's Adam trains
+        them (float32 moments), as a float32 layer's weights do beside lean ones. Warns: nothing is lean.
+        Refuses where state loaded from a file waits for 16-bit weights (2-byte arrays: 16-bit moments or
+        compensations), which a float32 build would drop."""
+        deferred = getattr(self, "_deferred_state", None) or {}
+        if any(getattr(value, "dtype", None) is not None and value.dtype.itemsize == 2 for value in deferred.values()):
+            raise ValueError(
+                f"LeanAdam {self.name!r} holds state loaded from a file for weights stored in 16 bits: call "
+                "keras_amp.memory.prepare(model, optimizer) before training (fit does it while keras_amp is "
+                "enabled), or that state is lost.")
+        warnings.warn(
+            f"LeanAdam {self.name!r} trains {len(var_list)} weight(s), none stored in 16 bits, as "
+            "keras.optimizers.Adam does (float32 moments): no memory is saved. Call "
+            "keras_amp.memory.prepare(model, optimizer) on the built model before the first step (fit does it "
+            "while keras_amp is enabled); layers that compute in float32 keep float32 weights.",
+            AmpWarning, stacklevel=3)
+        self._as_adam = True
+        try:
+            with keras.name_scope(self.name, caller=self):
+                self.build(var_list)
+        finally:
+            self._as_adam = False
 
     def _master(self, variable):
         index = self._get_variable_index(variable)
@@ -342,5 +375,7 @@ class LeanAdamW(LeanAdam):
     """`LeanAdam` with `keras.optimizers.AdamW`'s default decoupled weight decay (0.004)."""
 
     def __init__(self, *args, weight_decay: float = 0.004, **kwargs):
+        if weight_decay is None:  # ValueError, as keras.optimizers.AdamW raises
+            raise ValueError("Argument `weight_decay` must be a float. Received: weight_decay=None")
         weight_decay = validation.check_float("weight_decay", weight_decay, min_value=0.0)
         super().__init__(*args, weight_decay=weight_decay, **kwargs)

@@ -1,8 +1,9 @@
 """Keras's own test files for each stock layer, run against the keras_amp subclass.
 
-Drop-in means drop-in: every `keras_amp.layers` class, and `keras_amp.LossScaleOptimizer`,
-must pass the tests Keras ships for the class it subclasses (Keras 3.15.1,
-`keras/src/layers/**/*_test.py`, `keras/src/optimizers/loss_scale_optimizer_test.py`).
+Drop-in means drop-in: every `keras_amp.layers` class, `keras_amp.LossScaleOptimizer` and
+`keras_amp.optimizers.LeanAdam` / `LeanAdamW` must pass the tests Keras ships for the class it
+subclasses or stands in for (Keras 3.15.1, `keras/src/layers/**/*_test.py`,
+`keras/src/optimizers/{loss_scale_optimizer,adam,adamw,optimizer}_test.py`).
 
 Mechanism: each Keras test file is executed as a fresh module (its own globals, so the
 real `keras.src...._test` modules are untouched), then the names its tests look up at
@@ -22,6 +23,7 @@ import unittest
 import keras
 
 from keras_amp import layers as amp_layers
+from keras_amp.optimizers.lean_adam import LeanAdam, LeanAdamW
 from keras_amp.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
 KERAS_SRC_DIR = os.path.join(os.path.dirname(keras.__file__), "src")
@@ -41,6 +43,11 @@ SUITES = {
     "core/wrapper_test.py": {"layers": {"Wrapper": amp_layers.Float32}},
     # Relative to keras/src/layers, like the rest; the test file imports the class by name.
     "../optimizers/loss_scale_optimizer_test.py": {"LossScaleOptimizer": LossScaleOptimizer},
+    # LeanAdam subclasses Adam; LeanAdamW is LeanAdam with AdamW's default decay (Keras's AdamW tests).
+    "../optimizers/adam_test.py": {"Adam": LeanAdam},
+    "../optimizers/adamw_test.py": {"AdamW": LeanAdamW},
+    # The base optimizer's tests, run on Adam: gradient accumulation is not among them (LeanAdam refuses it).
+    "../optimizers/optimizer_test.py": {"optimizers": {"Adam": LeanAdam}},
 }
 
 _QUANTIZE = (
@@ -52,8 +59,25 @@ _FLOAT32_ONLY = (
     "OutputHead computes in float32 by contract and refuses a non-float32 policy"
 )
 
+_LEAN_REFUSES = (
+    "LeanAdam refuses `amsgrad` and `use_ema` (ValueError): a float32 maximum of the second moment, or a "
+    "float32 moving average of every weight, would take back the bytes its 16-bit storage saves"
+)
+
 # fnmatch pattern of "<file>::<TestCase>.<method>" -> why ours differs from stock there, on purpose.
 DIVERGENCES = {
+    "../optimizers/adam_test.py::AdamTest.test_config": _LEAN_REFUSES,
+    "../optimizers/adam_test.py::AdamTest.test_correctness_with_golden": _LEAN_REFUSES,
+    "../optimizers/adam_test.py::AdamTest.test_ema*": _LEAN_REFUSES,
+    "../optimizers/adamw_test.py::AdamWTest.test_config": _LEAN_REFUSES,
+    "../optimizers/optimizer_test.py::OptimizerTest.test_optimizer_auto_naming": (
+        "Keras names an optimizer after its class: LeanAdam's default name is 'lean_adam'"
+    ),
+    "../optimizers/optimizer_test.py::OptimizerTest.test_set_weights": (
+        "LeanAdam.build on weights none of which keras_amp.memory.prepare stored in 16 bits waits for "
+        "prepare (Keras's model loading and fit's symbolic build call build first); the first apply "
+        "builds it as Keras's Adam, with an AmpWarning (tests/optimizers/test_lean_adam.py)"
+    ),
     **{
         f"core/dense_test.py::DenseTest.{pattern}": _QUANTIZE
         for pattern in (

@@ -193,6 +193,18 @@ def test_fit_resumed_from_a_keras_file_continues_the_uninterrupted_run(tmp_path,
         np.testing.assert_array_equal(np.atleast_1d(a.numpy()).view(np.uint8), np.atleast_1d(b.numpy()).view(np.uint8))
 
 
+def test_a_loaded_lean_state_without_prepare_is_refused_not_dropped(tmp_path):
+    keras_amp.enable("mixed_bfloat16")
+    model = _model()
+    model.compile(LeanAdam(1e-3), "mse")
+    model.fit(X, Y, batch_size=16, epochs=1, verbose=0)
+    model.save(str(tmp_path / "lean.keras"))
+    keras_amp.disable()  # no prepare in fit: a float32 build would drop the saved moments and low bits
+    loaded = keras.models.load_model(str(tmp_path / "lean.keras"))
+    with pytest.raises(ValueError, match=r"loaded from a file for weights stored in 16 bits.*prepare"):
+        loaded.fit(X, Y, batch_size=16, epochs=1, verbose=0)
+
+
 def test_bad_arguments_and_misuse_get_clear_errors():
     with pytest.raises(ValueError, match="compensation"):
         LeanAdam(compensation="exact")
@@ -209,14 +221,34 @@ def test_bad_arguments_and_misuse_get_clear_errors():
     opt.build(model.trainable_variables)
     with pytest.raises(ValueError, match="already built"):
         opt.adopt_lean([(model.layers[0].kernel, "bfloat16")])
+    with pytest.raises(ValueError, match="weight_decay=None"):  # as keras.optimizers.AdamW
+        LeanAdamW(weight_decay=None)
 
-    @tf.function
-    def step(grads):
-        fresh.apply(grads, other.trainable_variables)
 
-    other, fresh = _model(), LeanAdam()
-    with pytest.raises(ValueError, match="prepare"):
-        step(_grads(other, 0))
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "tf_function"])
+def test_unprepared_weights_train_as_keras_adam_with_a_warning(traced):
+    # No weight stored in 16 bits (prepare not run): Adam's contract, Keras's numbers bit for bit, and a
+    # warning that nothing is saved. Built only by the first apply: Keras builds optimizers before prepare.
+    ref, plain = _model(), _model()
+    adam, opt = keras.optimizers.Adam(1e-3, weight_decay=0.01), LeanAdam(1e-3, weight_decay=0.01)
+    opt.build(plain.trainable_variables)
+    assert not opt.built  # waits: prepare may still store weights in 16 bits
+    apply_ref = lambda grads: adam.apply(grads, ref.trainable_variables)  # noqa: E731
+    apply_opt = lambda grads: opt.apply(grads, plain.trainable_variables)  # noqa: E731
+    if traced:
+        apply_ref, apply_opt = tf.function(apply_ref), tf.function(apply_opt)
+    for step in range(4):
+        grads = _grads(ref, step)
+        apply_ref(grads)
+        if step:
+            apply_opt(grads)
+            continue
+        with pytest.warns(keras_amp.AmpWarning, match=r"none stored in 16 bits.*keras_amp.memory.prepare"):
+            apply_opt(grads)
+    assert opt.built and opt.master_weights() == {} and int(opt.iterations.numpy()) == 4
+    for r, v in zip(ref.trainable_variables, plain.trainable_variables):
+        assert v.dtype == "float32"
+        np.testing.assert_array_equal(v.numpy().view(np.uint32), r.numpy().view(np.uint32), err_msg=v.path)
 
 
 def test_adamw_default_decay_and_config_round_trip():
