@@ -93,6 +93,7 @@ class LeanAdam(keras.optimizers.Adam):
         self._pending = {}  # id(Keras variable) -> (kind, dtype, initial compensation or None)
         self._kinds = []  # by variable index: (kind, dtype) for a lean weight, else None
         self._low = []  # by variable index: the compensation variable, or None
+        self._as_adam = False  # set while `_build_as_adam` builds on weights none of which is lean
 
     def get_config(self):
         return {**super().get_config(), "compensation": self.compensation, "moments": self.moments,
@@ -151,7 +152,7 @@ class LeanAdam(keras.optimizers.Adam):
         if self.built:
             return
         var_list = list(var_list)
-        if not any(id(v) in self._pending for v in var_list) and not getattr(self, "_as_adam", False):
+        if not any(id(v) in self._pending for v in var_list) and not self._as_adam:
             # Keras's model loading and fit's symbolic build build optimizers early; `prepare` (or the
             # first `apply`, `_build_as_adam`) builds this one later.
             return
