@@ -91,8 +91,7 @@ def _precision(device: hardware.DeviceInfo) -> Section:
         ("'auto' would choose", name),
         ("why", reason),
     ]
-    if device.cpu_fast_bfloat16 and not device.gpus and not device.tpu_count:
-        # check_model's xla_on_cpu finding, said before a model exists.
+    if device.xla_skips_fast_bfloat16:  # check_model's xla_on_cpu finding, said before a model exists
         rows.append(("jit_compile=True", "slower under bfloat16 here: XLA's matmuls and convolutions do not use "
                                          "oneDNN's bfloat16 kernels ('auto', Keras's default, leaves XLA off)"))
     return Section("Precision", tuple(rows))

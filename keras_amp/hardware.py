@@ -164,6 +164,12 @@ class DeviceInfo:
         return needed is not None and cap is not None and cap >= needed
 
     @property
+    def xla_skips_fast_bfloat16(self) -> bool:
+        """A CPU alone whose oneDNN runs bfloat16 natively: XLA's CPU code (`jit_compile=True`) does not
+        use those kernels, so a compiled bfloat16 step loses them."""
+        return not self.gpus and not self.tpu_count and self.cpu_fast_bfloat16
+
+    @property
     def fast_bfloat16(self) -> bool:
         cap = self.min_compute_capability
         if self.tpu_count:

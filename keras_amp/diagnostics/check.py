@@ -236,7 +236,7 @@ def check_model(model: keras.Model, x: Any = None, *, training: bool = False,
         training: Bool, default False. The `training` flag of that run.
         device: `hardware.DeviceInfo` or None (default: this machine's). Dimensions not divisible
             by 8 are reported only where its GPUs have tensor cores for the layer's dtype; XLA only
-            where it is a CPU alone with fast bfloat16 (`DeviceInfo.cpu_fast_bfloat16`).
+            where XLA skips fast bfloat16 kernels (`DeviceInfo.xla_skips_fast_bfloat16`).
         loss: None (default: the compiled loss) or the loss the outputs feed, for a model trained
             in a custom loop: a `keras.losses.Loss`, a loss function or name, or a list/dict of
             them per output as `compile` takes. It is traced on a 16-bit tensor shaped like each
@@ -363,12 +363,10 @@ def _scaling_findings(model, layers) -> list[Finding]:
 
 
 def _xla_findings(model, layers, device: hardware.DeviceInfo) -> list[Finding]:
-    # XLA compiles a step's matmuls and convolutions with its own CPU code generator, not oneDNN's
-    # bfloat16 kernels (avx512_bf16, AMX): on such a CPU the compiled bfloat16 step loses what bfloat16
-    # bought (BUILD_NOTES: "`jit_compile=True` on a CPU"). Keras's jit_compile="auto" leaves XLA off
-    # without GPUs or TPUs.
+    # The compiled bfloat16 step loses what bfloat16 bought (BUILD_NOTES: "`jit_compile=True` on a CPU").
+    # Keras's jit_compile="auto" leaves XLA off without GPUs or TPUs.
     if (not getattr(model, "compiled", False) or getattr(model, "jit_compile", False) is not True
-            or device.gpus or device.tpu_count or not device.cpu_fast_bfloat16):
+            or not device.xla_skips_fast_bfloat16):
         return []
     bf16 = _weighted_paths(layers, "bfloat16")
     if not bf16:
