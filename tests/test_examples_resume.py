@@ -60,6 +60,9 @@ FIGURES = ("train_loss", "train_accuracy", "eval_loss", "eval_accuracy", "loss_s
 @pytest.mark.parametrize("name,args", [
     ("transformer", ["--policy=mixed_float16"]),  # fit; loss scale and counters
     ("custom_loop", ["--policy=mixed_bfloat16", "--optimizer=lean_stochastic"]),  # LeanAdam, its random bits
+    # The loop builds the restored optimizer again: the scale grows every 20 steps, so a scale or a growth counter
+    # started afresh on resume ends on another scale.
+    ("custom_loop", ["--policy=mixed_float16", "--tier=large", "--steps_per_epoch=15"]),
 ])
 def test_killed_run_resumes_to_the_uninterrupted_result(name, args, tmp_path):
     _, whole = finished(name, tmp_path / "whole", "--epochs=3", *args)
@@ -74,7 +77,9 @@ def test_killed_run_resumes_to_the_uninterrupted_result(name, args, tmp_path):
     for a, b in zip(whole, resumed, strict=True):
         assert {k: a.get(k) for k in FIGURES} == {k: b.get(k) for k in FIGURES}
     if "--policy=mixed_float16" in args:
-        assert resumed[0]["total_steps"] == 9  # the counters continued from the checkpoint
+        steps = int(next((a for a in reversed(TINY + args) if a.startswith("--steps_per_epoch=")))
+                    .split("=")[1])
+        assert resumed[0]["total_steps"] == 3 * steps  # the counters continued from the checkpoint
     assert sorted(p.name for p in checkpoint.iterdir()) == ["epoch-0003.weights.h5", "state.json"]
 
 
@@ -101,6 +106,10 @@ def test_resume_without_a_checkpoint_starts_at_epoch_one(tmp_path):
     assert "--resume: no checkpoint in " in stdout and "training from epoch 1" in stdout, stdout
     assert result["timed_steps"] == 2 and json.loads(next((tmp_path / "new").rglob("state.json")).read_text())[
         "epochs_done"] == 1
+    # Another --policy has no checkpoint of its own in that folder; the message names the run that does.
+    stdout, _ = finished("cnn", tmp_path / "new", "--epochs=1", "--resume", "--policy=float32")
+    assert "[float32] --resume: no checkpoint in " in stdout, stdout
+    assert "(not the checkpoint of: --policy=mixed_bfloat16 after epoch 1 in " in stdout, stdout
 
 
 def test_twins_resumed_from_different_epochs_each_go_on_from_their_own(monkeypatch):

@@ -68,6 +68,20 @@ def check_same_run(saved: dict[str, Any], run: dict[str, Any], directory: str) -
                           "--model_dir.")
 
 
+def _others(directory: str) -> str:
+    """", not the run of ..." naming the runs whose checkpoints sit beside `directory` (<model_dir>/<label>/checkpoint),
+    or "": a run started under another --policy keeps its checkpoint in another label's folder."""
+    model_dir = os.path.dirname(os.path.dirname(os.path.abspath(directory)))
+    found = []
+    for label in sorted(os.listdir(model_dir)) if os.path.isdir(model_dir) else []:
+        other = os.path.join(model_dir, label, os.path.basename(directory))
+        if os.path.abspath(other) != os.path.abspath(directory) and (state := load_state(other)) is not None:
+            found.append(f"--policy={state['run'].get('policy', label)} after epoch {state['epochs_done']} in {other}")
+        if len(found) == 3:
+            break
+    return f" (not the checkpoint of: {'; '.join(found)}: pass the flags that run started with)" if found else ""
+
+
 def restore(directory: str, model, optimizer, run: dict[str, Any], label: str, epochs: int) -> tuple[int, list]:
     """Loads the last saved epoch's state into `model` and `optimizer`; returns (epochs done, their logs).
 
@@ -77,7 +91,8 @@ def restore(directory: str, model, optimizer, run: dict[str, Any], label: str, e
 
     state = load_state(directory)
     if state is None:
-        print(f"[{label}] --resume: no checkpoint in {directory} yet; training from epoch 1", flush=True)
+        print(f"[{label}] --resume: no checkpoint in {directory} yet; training from epoch 1{_others(directory)}",
+              flush=True)
         return 0, []
     check_same_run(state["run"], run, directory)
     # As the first step would: 16-bit storage for LeanAdam's weights, then the optimizer's variables,

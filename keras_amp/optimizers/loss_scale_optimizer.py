@@ -175,6 +175,10 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     # ----------------------------------------------------------------- state
     @_no_tracking
     def build(self, var_list):
+        # A second build is a no-op, as Keras's Adam's (Keras's LossScaleOptimizer makes a second scale and
+        # counter, and training then reads those, not the state a checkpoint restored into the first).
+        if self.built:
+            return
         if self.tier == tiers.AUTO and self.resolved_tier is None:
             self._resolve(tiers.tier_values(tiers.AUTO, var_list))
         # The first two keep the stock names and order, so stock-saved state maps onto ours.

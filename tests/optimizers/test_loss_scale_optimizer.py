@@ -323,6 +323,28 @@ def test_tf_train_checkpoint_round_trip(tmp_path):
     assert int(opt2.consecutive_overflows.numpy()) == 1 and opt2.scale == 32.0
 
 
+@pytest.mark.parametrize("stock", [True, False])
+def test_a_second_build_keeps_the_restored_state_stock_makes_new_variables(tmp_path, stock):
+    # A custom loop that restores a checkpoint into a built optimizer, then builds it again before training.
+    cls = keras.optimizers.LossScaleOptimizer if stock else LossScaleOptimizer
+    kwargs = {} if stock else {"hysteresis": 1}
+    v, opt = _setup(opt_cls=cls, initial_scale=64.0, **kwargs)
+    step = _runner(opt, v, "tf_function")
+    for g in [INF, 1.0, INF]:
+        step(g)
+    prefix = tf.train.Checkpoint(optimizer=opt, v=v).save(str(tmp_path / "ckpt"))
+    v2, opt2 = _setup(opt_cls=cls, initial_scale=64.0, **kwargs)
+    tf.train.Checkpoint(optimizer=opt2, v=v2).restore(prefix).assert_consumed()
+    count = len(opt2.variables)
+    opt2.build([v2])
+    if stock:  # Keras 3.15: a second scale variable, at its initial value, is the one training reads
+        assert len(opt2.variables) > count and float(opt2.dynamic_scale.numpy()) == 64.0
+        return
+    assert len(opt2.variables) == count and opt2.scale == 16.0 and int(opt2.overflow_count.numpy()) == 2
+    _runner(opt2, v2, "tf_function")(1.0)
+    assert opt2.scale == 16.0 and int(opt2.total_steps.numpy()) == 4
+
+
 def test_stock_saved_state_loads_into_ours(tmp_path):
     (tmp_path / "s").mkdir()
     stock_model, path = _trained(tmp_path / "s", keras.optimizers.Adam(1e-3))
