@@ -23,37 +23,56 @@ _NAME = "_keras_amp_console_cli"
 QUIET_ENV = "KERAS_AMP_QUIET_TF"
 # TensorFlow 2.21 writes its import-time lines through absl's C++ log before it is initialised,
 # which TF_CPP_MIN_LOG_LEVEL does not filter: INFO lines and absl's notice about them.
-_BANNER = re.compile(r"I\d{4} [\d:. ]+\d+ \S+:\d+\] |WARNING: All log messages before absl::InitializeLog\(\)")
+_ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog()"
+_SEVERITY = re.compile(r"[IWEF]\d{4} [\d:. ]+\d+ \S+:\d+\] ")
 _NO_DRIVER = "Could not find cuda drivers"
 _NO_DRIVER_CUINIT = re.compile(r"E\d{4} [\d:. ]+\d+ cuda_platform\.cc:\d+\] failed call to cuInit")
 
 
 def quiet_tensorflow_by_default() -> None:
     """Sets TF_CPP_MIN_LOG_LEVEL=2 (warnings and errors) unless the user set it; call it before
-    anything imports TensorFlow. A level the user set is left alone, banner and all."""
+    anything imports TensorFlow. A level the user set is obeyed (`import_tensorflow_quietly`)."""
     if "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
         os.environ.update({"TF_CPP_MIN_LOG_LEVEL": "2", QUIET_ENV: "1"})
 
 
-def banner_filtered(text: str) -> str:
+def _user_level() -> int | None:
+    """The TF_CPP_MIN_LOG_LEVEL the user set (0-3), or None: unset, set by us, or not a number."""
+    if os.environ.get(QUIET_ENV) == "1":
+        return None
+    try:
+        return int(os.environ["TF_CPP_MIN_LOG_LEVEL"])
+    except (KeyError, ValueError):
+        return None
+
+
+def banner_filtered(text: str, level: int | None = None) -> str:
     """`text` (stderr of TensorFlow's import) without the start-up banner; warnings and errors stay.
 
     "failed call to cuInit" is dropped only where TensorFlow also said that the machine has no CUDA
     driver: then the error is the expected one of a CPU-only machine, not a broken GPU set-up.
+    With `level` (a TF_CPP_MIN_LOG_LEVEL the user set) the lines that level filters go instead of
+    the INFO lines (INFO from 1, warnings from 2, errors from 3); absl's notice and that cuInit line
+    go either way.
     """
     no_driver = _NO_DRIVER in text
+    below = "I" if level is None else "IWEF"[:max(0, min(level, 4))]
     kept = [line for line in text.splitlines(keepends=True)
-            if not _BANNER.match(line) and not (no_driver and _NO_DRIVER_CUINIT.match(line))]
+            if not (line.startswith(_ABSL_NOTICE) or (_SEVERITY.match(line) and line[0] in below)
+                    or (no_driver and _NO_DRIVER_CUINIT.match(line)))]
     return "".join(kept)
 
 
 def import_tensorflow_quietly() -> None:
     """Imports TensorFlow and lists its devices with the banner filtered out (see `banner_filtered`).
 
-    A no-op when TensorFlow is already imported or the user set TF_CPP_MIN_LOG_LEVEL.
+    TensorFlow 2.21 writes its import-time lines before absl's log is initialised, where
+    TF_CPP_MIN_LOG_LEVEL does not reach them: a level the user set is applied to them here (0 leaves
+    TensorFlow's import alone). A no-op when TensorFlow is already imported.
     """
     quiet_tensorflow_by_default()
-    if "tensorflow" in sys.modules or os.environ.get(QUIET_ENV) != "1":
+    level = _user_level()
+    if "tensorflow" in sys.modules or (os.environ.get(QUIET_ENV) != "1" and not level):
         return
     sys.stderr.flush()
     saved = os.dup(2)
@@ -68,7 +87,7 @@ def import_tensorflow_quietly() -> None:
             os.dup2(saved, 2)
             os.close(saved)
             capture.seek(0)
-            sys.stderr.write(banner_filtered(capture.read().decode("utf-8", "replace")))
+            sys.stderr.write(banner_filtered(capture.read().decode("utf-8", "replace"), level))
             sys.stderr.flush()
 
 

@@ -72,8 +72,10 @@ def train_epoch(trainer, epoch: int) -> dict[str, float]:
         writer = tf.summary.create_file_writer(os.path.join(trainer.log_dir, "logs"))
         _STEPS[id(trainer)] = (make_train_step(model, optimizer), writer)
     train_step, writer = _STEPS[id(trainer)]
-    # "batch loss" is the last step's; "loss" and "accuracy" are means over the epoch so far, as in fit.
-    bar = keras.utils.Progbar(settings.steps_per_epoch, verbose=settings.verbose, stateful_metrics=["batch loss"])
+    # "batch loss" is the last step's; "loss" and "accuracy" are means over the epoch so far, as in fit, computed
+    # here: Keras's Progbar averages a value it is given, but shows the last one on the epoch's last step.
+    bar = keras.utils.Progbar(settings.steps_per_epoch, verbose=settings.verbose,
+                              stateful_metrics=["batch loss", "loss", "accuracy"])
     losses, accuracies = [], []
     for x, y in trainer.data.train_epoch(epoch).take(settings.steps_per_epoch):
         start = time.perf_counter()
@@ -82,7 +84,8 @@ def train_epoch(trainer, epoch: int) -> dict[str, float]:
         trainer.timer.times.append(time.perf_counter() - start)
         losses.append(loss)
         accuracies.append(accuracy)
-        bar.add(1, [("batch loss", loss), ("loss", loss), ("accuracy", accuracy)])
+        bar.add(1, [("batch loss", loss), ("loss", sum(losses) / len(losses)),
+                    ("accuracy", sum(accuracies) / len(accuracies))])
     logs = {"loss": sum(losses) / len(losses), "accuracy": sum(accuracies) / len(accuracies)}
     if isinstance(optimizer, keras_amp.LossScaleOptimizer):
         # Optimizer variables: checkpointed with the model, the same on every replica.

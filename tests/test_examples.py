@@ -61,7 +61,7 @@ def launch(name, tmp_path, *args, mock="0", timeout=300, env=None):
 
 def run_example(name, tmp_path, *args, mock=False, timeout=300):
     """Runs examples/<name>.py with `args`; returns (stdout, the results JSON); stderr has no banner."""
-    results = tmp_path / "results.json"
+    results = tmp_path / "new folder" / "results.json"  # a folder that does not exist yet: the example makes it
     out = launch(name, tmp_path, f"--model_dir={tmp_path / 'runs'}", f"--results_file={results}", *args,
                  mock="1" if mock else "0", timeout=timeout)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -132,6 +132,8 @@ def test_custom_loop_float16_counters(tmp_path):
     assert "loss scale" in stdout and "of which applied" in stdout
     # The bar says which loss is the last batch's and which the epoch's mean; so does the summary.
     assert "batch loss: " in stdout and " - loss: " in stdout and "train loss (last epoch mean)" in stdout
+    # The bar's last "loss" is the last epoch's mean, as the summary's (Keras's Progbar alone shows the last step's).
+    assert float(re.findall(r" - loss: ([0-9.]+)", stdout)[-1]) == pytest.approx(result["train_loss"], abs=1e-4)
     assert result["total_steps"] == 6 and result["overflow_count"] == 0
     assert (Path(result["log_dir"]) / "checkpoint").is_dir()
 

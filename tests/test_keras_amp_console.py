@@ -31,13 +31,23 @@ def test_banner_filter_drops_info_lines_and_keeps_warnings():
     assert "failed call to cuInit" in keras_amp_console.banner_filtered(with_driver)
 
 
+def test_banner_filter_applies_a_level_the_user_set():
+    python_warning = "/site-packages/x.py:3: DeprecationWarning: a Python warning"
+    by_level = {level: keras_amp_console.banner_filtered(_IMPORT_STDERR, level).splitlines() for level in (1, 2, 3)}
+    assert [line[:1] for line in by_level[1]] == ["W", "/"]  # INFO, absl's notice, cuInit without a driver go
+    assert by_level[2] == by_level[3] == [python_warning]  # a Python warning is not TensorFlow's log: it stays
+    with_driver = _IMPORT_STDERR.replace("Could not find cuda drivers on your machine", "Loaded CUDA")
+    assert [line[:1] for line in keras_amp_console.banner_filtered(with_driver, 2).splitlines()] == ["/", "E"]
+    assert "failed call to cuInit" not in keras_amp_console.banner_filtered(with_driver, 3)
+
+
 
 def _doctor(env):
     return subprocess.run([sys.executable, "-m", "keras_amp_console", "doctor"], capture_output=True, text=True,
                           timeout=300, env=env)
 
 
-def test_doctor_prints_no_banner_unless_the_user_sets_the_log_level():
+def test_doctor_prints_no_banner_unless_the_user_sets_the_log_level_to_0():
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", keras_amp_console.QUIET_ENV)}
     quiet = _doctor(env)
     assert quiet.returncode == 0 and quiet.stdout.startswith("Versions"), quiet.stderr[-2000:]
@@ -45,3 +55,6 @@ def test_doctor_prints_no_banner_unless_the_user_sets_the_log_level():
     loud = _doctor(dict(env, TF_CPP_MIN_LOG_LEVEL="0"))
     assert loud.returncode == 0 and BANNER.search(loud.stderr), loud.stderr  # guard: this TensorFlow has a banner
     assert loud.stdout == quiet.stdout  # the same report either way
+    # TF_CPP_MIN_LOG_LEVEL=2, the usual way to quiet TensorFlow, quiets its import-time lines too.
+    user_quiet = _doctor(dict(env, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert user_quiet.returncode == 0 and not BANNER.search(user_quiet.stderr), user_quiet.stderr

@@ -3,8 +3,8 @@
 Examples only use keras_amp's public API; this folder is not part of the installed package.
 
 Importing it also keeps the examples' output to what they print themselves:
-- TensorFlow's start-up banner (oneDNN, CUDA, CPU-instruction lines) is filtered out, unless
-  TF_CPP_MIN_LOG_LEVEL is set: then TensorFlow logs as that says (`keras_amp_console`);
+- TensorFlow's start-up banner (oneDNN, CUDA, CPU-instruction lines) is filtered out; a
+  TF_CPP_MIN_LOG_LEVEL the user set is applied to it, and 0 shows it (`keras_amp_console`);
 - keras_amp's own INFO log lines (op rules installed, the recipe's plan) are off unless absl's
   `--verbosity=0` is given: the examples print the policy, and `--show_plan` the plan.
 """

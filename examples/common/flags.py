@@ -136,7 +136,8 @@ def main(family: str, recipe: str, name: str, **overrides) -> int:
 
 
 def write_results(results) -> None:
-    """Writes `results` to --results_file, if given."""
+    """Writes `results` to --results_file, if given (its folder made if missing, as --plot_file's)."""
     if FLAGS.results_file:
+        os.makedirs(os.path.dirname(os.path.abspath(FLAGS.results_file)), exist_ok=True)
         with open(FLAGS.results_file, "w") as f:
             json.dump(results, f, indent=1)
