@@ -184,7 +184,7 @@ def _troubleshoot(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="keras-amp", description="Mixed precision for Keras 3 on TensorFlow.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command")  # none given: `main` says so, with any unknown flag
     doctor = sub.add_parser("doctor", help="report versions, devices, oneDNN, TF32 and the policy 'auto' would pick")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.set_defaults(func=_doctor, parser=doctor)
@@ -215,13 +215,18 @@ def build_parser() -> argparse.ArgumentParser:
                          help="one of the symptoms above (default: all)")
     trouble.add_argument("--markdown", action="store_true", help="as the README's troubleshooting section")
     trouble.set_defaults(func=_troubleshoot, parser=trouble)
+    parser.commands = tuple(sub.choices)  # for `main`'s message when none is given
     return parser
 
 
 def main(argv: list[str] | None = None, before_tensorflow=None) -> int:
     """Runs the command in `argv`; `before_tensorflow()` runs before a command imports TensorFlow
     (the entry point passes one that keeps TensorFlow's start-up banner out of the output)."""
-    args, unknown = build_parser().parse_known_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.command is None:
+        parser.error(f"a command is required ({', '.join(parser.commands)})"
+                     + (f"; unrecognized arguments: {' '.join(unknown)}" if unknown else ""))
     if unknown:  # said by the command's parser, with its usage, not the top-level one
         args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.before_tensorflow = before_tensorflow or (lambda: None)

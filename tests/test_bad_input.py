@@ -245,7 +245,8 @@ EXCLUDED = {
 # - a walk's root or a predicate's subject accepts any object (a non-layer has no children);
 # - a batch in the structure the model takes (`y`, an optional `x`, `sample`): any array,
 #   tensor or nest may be right for some model, so, as in `model.fit`, a wrong one fails in the
-#   model's own call. (A required `x` has its row: None is never an input.)
+#   model's own call (check_model's and audit_model's error names `x`: test_check.py). (A required `x` has its
+#   row: None is never an input.)
 ANY_VALUE = {
     ("model_graph.children", "layer"), ("model_graph.walk", "model"), ("model_graph.layer_tree", "model"), ("model_graph.leaves", "model"),
     ("model_graph.warn_if_built_before_enable", "model"),

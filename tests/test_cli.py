@@ -179,6 +179,8 @@ def test_running_the_model_fails_exits_2_in_one_line(tmp_path, capsys):
     code, _, err = _run(capsys, "check", path, "--batch", wrong)
     assert code == cli.BAD_INPUT
     _one_line_error(err)
+    # Keras's line that says what the model expected, not its "Exception encountered when calling ...".
+    assert "(2, 3, 5)" in err and "incompatible" in err and "Exception encountered" not in err, err
 
 
 def test_a_file_that_is_not_a_model_is_said_as_such(tmp_path, capsys):
@@ -228,13 +230,18 @@ def test_troubleshoot_help_lists_every_symptom(capsys):
     (["doctor", "--jsn"], "keras-amp doctor: error: unrecognized arguments: --jsn"),
     (["check", "model.keras", "--underflow", "half"], "keras-amp check: error: argument --underflow: invalid float"),
     (["chek"], "keras-amp: error: argument command: invalid choice: 'chek'"),
+    # No command: said as such, and an unknown flag named too (argparse alone said only "required: command").
+    (["--bogus"], "keras-amp: error: a command is required (doctor, check, troubleshoot); "
+                  "unrecognized arguments: --bogus"),
+    ([], "keras-amp: error: a command is required (doctor, check, troubleshoot)"),
 ])
 def test_a_wrong_argument_is_named_by_its_command(capsys, argv, said):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(argv)
     err = capsys.readouterr().err
     assert exit_info.value.code == cli.BAD_INPUT and said in err, err
-    assert err.startswith(f"usage: keras-amp {argv[0]}" if argv[0] != "chek" else "usage: keras-amp [-h]"), err
+    command = argv[0] if argv and argv[0] in ("check", "troubleshoot", "doctor") else None
+    assert err.startswith(f"usage: keras-amp {command}" if command else "usage: keras-amp [-h]"), err
 
 
 def test_a_folder_is_not_a_model_file(tmp_path, capsys):

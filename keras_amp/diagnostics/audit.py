@@ -26,6 +26,7 @@ from keras_amp import model_graph, op_rules
 from keras_amp.op_rules import dataflow
 from keras_amp import validation
 from keras_amp.diagnostics import attribution
+from keras_amp.diagnostics import user_site
 
 # TF op type -> hazard kind (the kinds of `keras_amp.op_rules.RULES`); a kind is a hazard in the
 # dtypes of `op_rules.HAZARD_DTYPES`.
@@ -129,6 +130,16 @@ def _scalar(outputs: Any) -> tf.Tensor:
     return tf.add_n(parts) if parts else tf.constant(0.0)
 
 
+def _call(model: keras.Model, inputs: Any, training: bool) -> Any:
+    """`model(inputs)`; the model's ValueError or TypeError on the input names the argument `x`."""
+    try:
+        return model(inputs, training=training)
+    except (ValueError, TypeError) as e:
+        shapes = keras.tree.map_structure(lambda t: tuple(t.shape), inputs)
+        raise type(e)(f"The model {model.name!r} could not run on `x` (shapes {shapes}): {user_site.one_line(e)} "
+                      "`x` must be one batch of the model's input (the error it raised is this one's cause).") from e
+
+
 def trace(model: keras.Model, x: Any, *, training: bool = False, backward: bool = True,
           tree: model_graph.LayerTree | None = None) -> attribution.Trace:
     """Traces `model(x)` (+ the backward pass) with ops attributed to layers; runs it once.
@@ -139,7 +150,7 @@ def trace(model: keras.Model, x: Any, *, training: bool = False, backward: bool 
     if not model.built:
         # Sublayers a layer creates in build() (MultiHeadAttention's projections) must exist
         # before attribution wraps them; tracing builds the model without running the batch.
-        tf.function(lambda i: model(i, training=training)).get_concrete_function(inputs)
+        tf.function(lambda i: _call(model, i, training)).get_concrete_function(inputs)
         tree = None  # read before the build: without those sublayers
     recorded = attribution.Trace()
 
@@ -148,7 +159,7 @@ def trace(model: keras.Model, x: Any, *, training: bool = False, backward: bool 
         recorded.graph = graph
         model_start = len(graph.get_operations())
         with tf.GradientTape() as tape:
-            outputs = model(inputs, training=training)
+            outputs = _call(model, inputs, training)
             model_end = len(graph.get_operations())
             total = _scalar(outputs)
         forward_end = len(graph.get_operations())

@@ -61,6 +61,7 @@ def warn(message: str, category: type[Warning], site: Site | None = None) -> Non
 
 
 _ERROR_PREFIX = re.compile(r"^[A-Za-z_.]*(Error|Exception): ")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # Lines of TensorFlow's and Keras's error texts that are frames or framing, not the error.
 _NOISE = ("Graph execution error", "Detected at node", "in user code", "[[", "Exception encountered when calling")
 
@@ -70,6 +71,7 @@ def one_line(e: BaseException) -> str:
     Keras put in their messages ("defined at (most recent call last): File ...", "in user
     code:", "Arguments received by ...")."""
     text = e.message if isinstance(getattr(e, "message", None), str) else str(e)
+    text = _ANSI.sub("", text)  # Keras emboldens the line that matters
     text = text.split("Arguments received by")[0]
     kept, after_frame = [], False
     for line in text.splitlines():

@@ -55,6 +55,15 @@ def read_tf_config() -> dict[str, Any] | None:
                 f'TF_CONFIG\'s "{key}" must be a JSON object. Received: TF_CONFIG={text!r}. '
                 f"Allowed: a JSON object such as {_TF_CONFIG_EXAMPLE}"
             )
+    task, cluster = config.get("task", {}), config.get("cluster", {})
+    index, members = task.get("index"), cluster.get(task.get("type"))
+    if isinstance(index, int) and not isinstance(index, bool) and isinstance(members, list):
+        if not 0 <= index < len(members):
+            raise ValueError(
+                f'TF_CONFIG\'s task "index" must name one of the cluster\'s {len(members)} '
+                f'"{task.get("type")}" tasks (0 to {len(members) - 1}). Received: TF_CONFIG={text!r}. '
+                f"Allowed: a JSON object such as {_TF_CONFIG_EXAMPLE}"
+            )
     return config
 
 

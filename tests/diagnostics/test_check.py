@@ -381,3 +381,12 @@ def test_check_model_walks_the_model_once(monkeypatch):
     walked.clear()
     check.check_model(model, device=A100)  # the probe batch's audit too
     assert walked == [model]
+
+
+@pytest.mark.parametrize("built", [True, False])
+def test_an_x_the_model_cannot_take_is_an_error_naming_x(built):
+    # As in fit, a wrong batch fails in the model's own call (or build); the error says it was `x`, with Keras's
+    # message.
+    model = keras.Sequential(([keras.Input((30,))] if built else []) + [keras.layers.Dense(4)], name="m30")
+    with pytest.raises(ValueError, match=r"The model 'm30' could not run on `x` \(shapes \(\)\): ValueError: .*"):
+        keras_amp.check_model(model, np.float32(3.0))

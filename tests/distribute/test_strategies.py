@@ -20,6 +20,10 @@ import keras_amp
         pytest.param("", "must be JSON", id="empty"),
         pytest.param('{"cluster": []}', '"cluster" must be a JSON object', id="cluster-list"),
         pytest.param('{"task": 0}', '"task" must be a JSON object', id="task-int"),
+        pytest.param('{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 5}}',
+                     'task "index" must name one of the cluster\'s 2 "worker" tasks \\(0 to 1\\)', id="index-past"),
+        pytest.param('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": -1}}',
+                     'task "index" must name one of', id="index-negative"),
     ],
 )
 def test_malformed_tf_config_is_a_clear_value_error(monkeypatch, text, part):
