@@ -14,6 +14,7 @@ and `keras_amp.wrap()` warns and returns stock Keras's `LossScaleOptimizer` inst
 from __future__ import annotations
 
 import keras
+import numpy as np
 import tensorflow as tf
 from absl import logging
 from keras import ops
@@ -191,6 +192,12 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._overflows_at_min_scale = self._counter("overflows_at_min_scale")
         self.inner_optimizer.build(var_list)
         keras.optimizers.Optimizer.build(self, var_list)
+        deferred, self._deferred_state = getattr(self, "_deferred_state", None), None
+        if deferred:
+            # Eagerly: `fit` may build inside its first traced step, where the assignments would be ops of
+            # that graph, not the loaded state.
+            with tf.init_scope():
+                self.load_own_variables(deferred)
 
     def _counter(self, name):
         return self.add_variable(shape=(), dtype="int", initializer=keras.initializers.Zeros(),
@@ -247,6 +254,12 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def load_own_variables(self, store):
         # The store holds ours, then the inner optimizer's: one that builds later (LeanAdam) loads its
         # own entry then, ours load now. Stock Keras's store lacks our three counters: they start at 0.
+        if not self.built:
+            # `load_weights` into a model whose optimizer is not built yet (a fresh model, the usual
+            # resume): the values wait and load right after `build` (Keras's skips them with a warning,
+            # and the scale and counters would restart).
+            self._deferred_state = {key: np.asarray(store[key]) for key in store.keys()}
+            return
         n_ours, inner = len(self._variables), self.inner_optimizer
         if self.built and not inner.built and len(store.keys()) >= n_ours:
             for i, variable in enumerate(self._variables):

@@ -282,6 +282,47 @@ def _trained(tmp_path, optimizer):
     return model, path
 
 
+@pytest.mark.parametrize("stock", [True, False])
+def test_load_weights_before_the_optimizer_is_built_keeps_its_state_stock_skips_it(tmp_path, stock):
+    # The usual resume: a fresh model, compiled, `load_weights`, then `fit` (which builds the optimizer).
+    make = (lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3))) if stock else (
+        lambda: LossScaleOptimizer(keras.optimizers.Adam(1e-3), tier="auto", hysteresis=2))
+    model, _ = _trained(tmp_path, make())
+    path = str(tmp_path / "w.weights.h5")
+    model.save_weights(path)
+    fresh = _model()
+    fresh.compile(optimizer=make(), loss="mse")
+    if stock:  # Keras 3.15 skips the optimizer's state: the scale and Adam's moments restart
+        with pytest.warns(UserWarning, match="Skipping variable loading for optimizer"):
+            fresh.load_weights(path)
+        return
+    fresh.load_weights(path)  # before: ValueError from `scale` of the unbuilt tier="auto" optimizer
+    assert not fresh.optimizer.built
+    fresh.optimizer.build(fresh.trainable_variables)
+    assert len(fresh.optimizer.variables) == len(model.optimizer.variables)
+    for a, b in zip(fresh.optimizer.variables, model.optimizer.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+    assert int(fresh.optimizer.overflow_count.numpy()) == int(model.optimizer.overflow_count.numpy()) > 0
+
+
+def test_load_weights_before_fit_builds_the_optimizer_resumes_in_fit(tmp_path):
+    # fit builds the optimizer itself (possibly inside its first traced step): the loaded state is what it trains on.
+    make = lambda: LossScaleOptimizer(keras.optimizers.Adam(1e-3), tier="auto", hysteresis=2)  # noqa: E731
+    model, _ = _trained(tmp_path, make())
+    path = str(tmp_path / "w.weights.h5")
+    model.save_weights(path)
+    fresh = _model()
+    fresh.compile(optimizer=make(), loss="mse")
+    fresh.load_weights(path)
+    x, y = _data(poison_row=None)
+    for m in (model, fresh):
+        m.fit(x[:16], y[:16], batch_size=8, epochs=1, verbose=0, shuffle=False)
+    for a, b in zip(fresh.optimizer.variables, model.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+    for a, b in zip(fresh.weights, model.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+
+
 def test_keras_round_trip_under_other_policy_keeps_state_stock_drops_it(tmp_path):
     (tmp_path / "stock").mkdir()
     stock_model, stock_path = _trained(tmp_path / "stock", keras.optimizers.Adam(1e-3))
