@@ -13,7 +13,8 @@ it stops acting and logs the diagnosis instead.
 
 The decisions and the detector's position (step count, overflow streak, last overflow count)
 are saved with the model's weights (`model_policies.DecisionStore`), so a run restored by
-`BackupAndRestore` or from a `ModelCheckpoint` sets the moved layers to float32 again at
+`BackupAndRestore` or from a `ModelCheckpoint` (`load_weights`, or `keras.saving.load_model` of a
+`.keras` file) sets the moved layers to float32 again at
 `on_train_begin`/`on_epoch_begin` instead of relearning them with another skipped step.
 """
 
@@ -72,10 +73,10 @@ class Float32Fallback(keras.callbacks.Callback):
             probe also moves to float32.
         probe_batches: Int, default 4. How many probe batches the locator may try.
 
-    The decisions are saved with the model's weights and set again after a restore. List this
-    callback before `BackupAndRestore`/`ModelCheckpoint` so an epoch-end (underflow) move is in
-    that epoch's checkpoint; to resume from a weights-only file, call
-    `fallback.set_model(model)` before `model.load_weights(path)`.
+    The decisions are saved with the model's weights and set again after a restore: a model
+    loaded from a file (`keras.saving.load_model`) or given `load_weights` brings them to this
+    callback when `fit` starts. List this callback before `BackupAndRestore`/`ModelCheckpoint` so
+    an epoch-end (underflow) move is in that epoch's checkpoint.
     """
 
     def __init__(self, probe: Any, *, max_layers: int = 2, patience: int = 2, check_every: int = 1,

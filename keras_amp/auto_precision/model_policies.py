@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import weakref
 from typing import Any, Iterator, Protocol
 
 import keras
@@ -53,16 +54,18 @@ def set_policies(model: keras.Model, policies: dict[str, str], *,
 
 
 def float32_policies(model: keras.Model, paths, *, tree: model_graph.LayerTree | None = None) -> dict[str, str]:
-    """{path: "float32"} for `paths`, and for every layer above or below one of them whose policy
-    is a `Matmul16DTypePolicy`: that policy's matmuls reach the layers inside it (an RNN's float32
-    cell), so a layer there is only float32 once the whole recurrence is."""
+    """{path: "float32"} for `paths`, for every layer below one of them (a layer computes in float32
+    only when the layers it calls do: an LSTM's cell computes its gates, a wrapper's layer its
+    output), and for every layer above one whose policy is a `Matmul16DTypePolicy`: that policy's
+    matmuls reach the layers inside it (an RNN's float32 cell), so a layer there is only float32
+    once the whole recurrence is."""
     layers = layers_by_path(model, tree=tree)
     out = {}
     for path in paths:
         out[path] = FLOAT32
         for other, layer in layers.items():
-            related = path.startswith(other + "/") or other.startswith(path + "/")
-            if related and isinstance(layer.dtype_policy, Matmul16DTypePolicy):
+            below, above = other.startswith(path + "/"), path.startswith(other + "/")
+            if below or (above and isinstance(layer.dtype_policy, Matmul16DTypePolicy)):
                 out[other] = FLOAT32
     return out
 
@@ -164,9 +167,51 @@ class DecisionStore(_SAVEABLE):
                 self._unclaimed[name] = state
 
 
+class _DecisionsInFile(_SAVEABLE):
+    """What a model without a `DecisionStore` shows the saving walk under `STORE_ATTR`.
+
+    `keras.saving.load_model` builds a new model, which has no store yet when the walk loads the
+    file: this reads the file's decisions into a store attached then, kept for the callbacks that
+    register later. It saves nothing (no `save_own_variables`): a model that never had decisions
+    adds nothing to its files. The model is held through a weak reference, which the walk skips
+    (the model itself would be walked again under this path).
+    """
+
+    def __init__(self, model: keras.Model):
+        self._model = weakref.ref(model)
+
+    def _obj_type(self):
+        return "Operation"
+
+    def load_own_variables(self, store):
+        model = self._model()
+        if model is not None and list(store.keys()):
+            decision_store(model).load_own_variables(store)
+
+
+class _Decisions:
+    """The class attribute `install_file_decisions` puts on `keras.Model`: a model's own store (an
+    instance attribute, which comes first), else a `_DecisionsInFile` for it."""
+
+    def __get__(self, model, owner=None):
+        return self if model is None else _DecisionsInFile(model)
+
+
+def install_file_decisions() -> None:
+    """Puts `_Decisions` on `keras.Model` (idempotent), so that a model loaded from a file
+    (`keras.saving.load_model`, a `.keras` `ModelCheckpoint`) brings its callbacks' decisions with it.
+
+    Done when this module is imported, unlike the policy's hooks (`keras_amp.enable()`): a restarted
+    run loads its model before it makes callbacks, and maybe without `enable()`. It saves nothing
+    and reads only this store's entry, so stock models and files are as they were.
+    """
+    if _compat.is_on(_compat.AUTO_PRECISION) and not isinstance(keras.Model.__dict__.get(STORE_ATTR), _Decisions):
+        setattr(keras.Model, STORE_ATTR, _Decisions())
+
+
 def decision_store(model: keras.Model) -> DecisionStore:
     """The model's `DecisionStore`, attached on first use."""
-    store = model.__dict__.get(STORE_ATTR)
+    store = model.__dict__.get(STORE_ATTR)  # the instance's own, not the class attribute
     if store is None:
         _compat.warn_off(_compat.AUTO_PRECISION)  # then the decisions are not checkpointed
         store = DecisionStore()
@@ -190,3 +235,6 @@ def reapply_float32(model: keras.Model, paths, *, tree: model_graph.LayerTree | 
         set_policies(model, {p: FLOAT32 for p in changed}, tree=tree)
         model.make_train_function(force=True)
     return changed
+
+
+install_file_decisions()

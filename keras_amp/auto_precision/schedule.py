@@ -47,8 +47,8 @@ class ProgressivePrecision(keras.callbacks.Callback):
     LossScaleOptimizer's `total_steps` (skipped steps included), else `iterations` (a stock
     LossScaleOptimizer leaves skipped steps out). Applied changes are saved with the model's
     weights (`save_weights`, `.keras`, `BackupAndRestore`, `ModelCheckpoint`) and set again at
-    `on_train_begin`/`on_epoch_begin` after a restore. To resume from a weights-only file,
-    call `schedule.set_model(model)` before `model.load_weights(path)`.
+    `on_train_begin`/`on_epoch_begin` after a restore (`load_weights`, or a model from
+    `keras.saving.load_model`).
 
     Args:
         schedule: Mapping of int (0-based epoch or global step at which the change applies,

@@ -1,7 +1,10 @@
 """Float32Fallback: the overflowing layer, and only it, moves to float32; the decision survives .keras."""
 
+import io
 import math
+import zipfile
 
+import h5py
 import keras
 import numpy as np
 import pytest
@@ -63,6 +66,43 @@ def test_cap_stops_moving_and_says_why():
     assert [d.layer for d in fallback.decisions] == ["first"]
     assert fallback.gave_up is not None and "max_layers=1" in fallback.gave_up and "second" in fallback.gave_up
     assert model.get_layer("second").dtype_policy.name == "mixed_float16"
+
+
+def test_a_restart_from_a_file_brings_the_decisions_back(tmp_path):
+    # A restart from a `.keras` file (load_model builds a new model): the fallback's record comes with it, so
+    # `max_layers` counts the move made before the restart and the second layer is not moved too.
+    keras.config.set_dtype_policy("mixed_float16")
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((8,))
+    h = Amplify(name="second")(Amplify(name="first")(keras.layers.Dense(16, name="d1")(inp)))
+    model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+    model.compile(keras_amp.wrap(keras.optimizers.Adam(1e-2)), "mse")
+    fallback = Float32Fallback((X[:16], Y[:16]), patience=1, max_layers=1)
+    model.fit(DS, epochs=1, verbose=0, callbacks=[fallback])
+    assert [d.layer for d in fallback.decisions] == ["first"]  # guard: one move before the save
+    model.save(tmp_path / "m.keras")
+    model.save(tmp_path / "plain.keras")  # guard below: a model that never had decisions
+    fresh = keras.Model.from_config(model.get_config())  # the weights-only resume: no callback set on it yet
+    fresh.compile(keras_amp.wrap(keras.optimizers.Adam(1e-2)), "mse")
+    fresh.load_weights(tmp_path / "m.keras")
+    for reloaded in (keras.saving.load_model(tmp_path / "m.keras"), fresh):
+        again = Float32Fallback((X[:16], Y[:16]), patience=1, max_layers=1)
+        reloaded.fit(DS, epochs=1, verbose=0, callbacks=[again])
+        assert again.decisions == fallback.decisions and again.gave_up is not None  # before: [], "second" moved
+        assert reloaded.get_layer("second").dtype_policy.name == "mixed_float16"
+        assert again.checkpoint_state()["step"] > fallback.checkpoint_state()["step"]  # the count went on
+
+
+def test_a_model_without_decisions_adds_nothing_to_its_file(tmp_path):
+    model = _overflowing_model()
+    model.fit(DS, epochs=1, verbose=0)
+    model.save(tmp_path / "m.keras")
+    with zipfile.ZipFile(tmp_path / "m.keras") as archive:
+        weights = h5py.File(io.BytesIO(archive.read("model.weights.h5")), "r")
+        names = []
+        weights.visit(names.append)
+    assert names and not any("_keras_amp_decisions" in n for n in names), names
+    assert "_keras_amp_decisions" not in model.__dict__ and keras.saving.load_model(tmp_path / "m.keras")
 
 
 def test_stock_optimizer_uses_the_loss_signal():

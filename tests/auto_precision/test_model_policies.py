@@ -89,6 +89,25 @@ def test_float32_policies_takes_a_matmul16_recurrence_with_its_cell():
     assert model_policies.float32_policies(model, ["out"]) == {"out": "float32"}
 
 
+def test_float32_policies_takes_the_layers_a_named_layer_calls():
+    # A stock LSTM computes its gates in its cell, a sublayer with a policy of its own: naming the LSTM
+    # alone had left the cell (and so the recurrence) in float16.
+    keras.config.set_dtype_policy("mixed_float16")
+    inp = keras.Input((5, 3))
+    h = keras.layers.LSTM(4, name="lstm")(inp)
+    model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+    wanted = model_policies.float32_policies(model, ["lstm"])
+    assert wanted == {"lstm": "float32", "lstm/lstm_cell": "float32"}
+    model_policies.set_policies(model, wanted)
+    x = np.random.default_rng(0).normal(size=(2, 5, 3)).astype("float32")
+    keras.config.set_dtype_policy("float32")
+    twin = keras.Model.from_config(model.get_config())
+    twin.set_weights(model.get_weights())
+    np.testing.assert_array_equal(model.get_layer("lstm")(x), twin.get_layer("lstm")(x))  # float32 throughout
+    assert model_policies.float32_policies(_nested(), ["block"]) == {
+        "block": "float32", "block/inner_a": "float32", "block/inner_b": "float32"}
+
+
 def test_reapply_float32_changes_only_what_lost_it():
     model = _rnn_model()
     model.compile(keras.optimizers.SGD(1e-3), "mse")
