@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -37,6 +38,27 @@ def check_type(name: str, value: Any, types: type | tuple[type, ...], allowed: s
     if not isinstance(value, types):
         raise TypeError(f"`{name}` must be {allowed}. {_typed(name, value)}")
     return value
+
+
+def check_regexes(name: str, value: Any, names: Iterable[str]) -> list[re.Pattern]:
+    """`value`, an iterable of regex strings, compiled; each must fully match one of `names` (layer
+    paths). TypeError for one string or a non-string entry, ValueError for a bad regex or one that
+    matches nothing."""
+    if isinstance(value, str):
+        raise TypeError(f"`{name}` must be an iterable of path regexes, not one string. {_received(name, value)}")
+    names = list(names)
+    patterns = []
+    for i, entry in enumerate(value):
+        check_type(f"{name}[{i}]", entry, str, "a path regex string")
+        try:
+            pattern = re.compile(entry)
+        except re.error as e:
+            raise ValueError(f"`{name}[{i}]` must be a valid regex ({e}). {_received(f'{name}[{i}]', entry)}") from None
+        if not any(pattern.fullmatch(n) for n in names):
+            raise ValueError(f"`{name}[{i}]` must match a layer path. {_received(f'{name}[{i}]', entry)}. "
+                             f"Allowed: regexes over the paths, e.g. {names[:5]}")
+        patterns.append(pattern)
+    return patterns
 
 
 def check_bool(name: str, value: Any) -> bool:

@@ -694,6 +694,8 @@ BAD = [
     ("export_for_inference", "dtype", 16, TypeError),
     ("export_for_inference", "keep_float32", "d1", TypeError),
     ("export_for_inference", "keep_float32", [3], TypeError),
+    ("export_for_inference", "keep_float32", ["zz"], ValueError),  # matches no layer: was silently nothing
+    ("export_for_inference", "keep_float32", ["("], ValueError),
     ("search_precision", "model", "model", TypeError),
     ("search_precision", "data", "x", TypeError),
     ("search_precision", "policy", "float32", ValueError),
@@ -709,6 +711,9 @@ BAD = [
     ("search_precision", "loss", 3, TypeError),
     ("search_precision", "candidates", "d1", TypeError),
     ("search_precision", "candidates", [3], TypeError),
+    ("search_precision", "candidates", ["("], ValueError),  # was a bare re.error
+    ("search_precision", "data", tf.data.Dataset.from_tensor_slices(np.ones((4, 4), "float32")).batch(2), ValueError),
+    ("search_precision", "candidates", ["nomatch"], ValueError),  # was an empty search
     ("weight_bytes", "model", "model", TypeError),
 ]
 

@@ -13,7 +13,6 @@ weights, so its export keeps 0.70 of them).
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any, Iterable
 
 import keras
@@ -97,9 +96,8 @@ def export_for_inference(
     if keep_float32 is None:
         islands = {p for p, l in layers.items() if l.compute_dtype == "float32"}
     else:
-        if isinstance(keep_float32, str):
-            raise TypeError(f"`keep_float32` must be an iterable of path regexes, not one string. Received: keep_float32={keep_float32!r}")
-        patterns = [re.compile(validation.check_type("keep_float32 entry", p, str, "a path regex string")) for p in keep_float32]
+        # A regex matches a path or a layer name.
+        patterns = validation.check_regexes("keep_float32", keep_float32, [*layers, *(l.name for l in layers.values())])
         islands = {p for p, l in layers.items() if any(r.fullmatch(p) or r.fullmatch(l.name) for r in patterns)}
     float32_names = {layers[p].name for p in islands}
     config = keras.saving.serialize_keras_object(model)

@@ -137,6 +137,8 @@ def _batches(data: Any, batches: int) -> list[tuple]:
         )
     if not out:
         raise ValueError("`data` must yield at least one batch. Received: an empty `data`")
+    if len(out[0]) < 2:
+        raise ValueError("`data` must yield (x, y) batches: the loss needs the targets. Received: batches of x alone")
     return out
 
 
@@ -255,9 +257,7 @@ def search_precision(
         raise ValueError(f'`verbose` must be "auto", 0, 1 or 2, as in `fit`. Received: verbose={verbose!r}')
     patterns = None
     if candidates is not None:
-        if isinstance(candidates, str):
-            raise TypeError(f"`candidates` must be an iterable of path regexes, not one string. Received: candidates={candidates!r}")
-        patterns = [re.compile(validation.check_type("candidates[i]", c, str, "a path regex string")) for c in candidates]
+        patterns = validation.check_regexes("candidates", candidates, model_policies.layers_by_path(model))
     data_batches = _batches(data, batches)
     loss_fn = _loss_fn(model, loss)
     start = time.perf_counter()
@@ -344,12 +344,16 @@ def search_precision(
     sizes = {p: flops.get(p, 0) for p in pool}
     total = sum(sizes.values()) or 1
     decisions = []
+    budget_short = capped and cap < len(order)  # else: every candidate float32, and still not met
     for path in order:
         if path in chosen:
-            reason = "kept float32: needed to meet the tolerance" + (" (budget reached before it was met)" if capped else "")
+            reason = "kept float32: needed to meet the tolerance" if not capped else (
+                f"kept float32 (one of the budget={budget} most sensitive); the tolerance is not met" if budget_short
+                else "kept float32; the tolerance is not met even with every candidate in float32")
             decision = FLOAT32
         else:
-            reason = "16-bit is within tolerance together with the float32 layers"
+            reason = ("16-bit is within tolerance together with the float32 layers" if not capped else
+                      f"16-bit: past budget={budget}; the tolerance is not met")
             decision = current[path]
         decisions.append(LayerDecision(path, type(layers[path]).__name__, sens[path], sizes[path] / total, decision, reason))
     chosen_in_order = tuple(p for p in layers if p in chosen)

@@ -85,8 +85,10 @@ def test_subclassed_model_and_candidates_filter():
     assert [p.split("/")[-1] for p in result.float32_layers] == ["sensitive"]
     only_dense = search_precision(model, BATCHES, loss="mse", candidates=[r".*d1", r".*out"])
     assert {d.path.split("/")[-1] for d in only_dense.layers} == {"d1", "out"}
-    # The sensitive layer cannot be moved, so the tolerance is not met within the candidates.
+    # The sensitive layer cannot be moved, so the tolerance is not met within the candidates, and the reasons say so.
     assert only_dense.errors_final.loss > 0.01
+    assert all(d.reason == "kept float32; the tolerance is not met even with every candidate in float32"
+               for d in only_dense.layers), [d.reason for d in only_dense.layers]
 
 
 def test_budget_caps_the_float32_layers():
@@ -94,6 +96,11 @@ def test_budget_caps_the_float32_layers():
     result = search_precision(model, BATCHES, budget=0)
     assert result.float32_layers == () and result.rules == {}
     assert result.errors_final.loss > 0.01
+    # Before: "16-bit is within tolerance together with the float32 layers", which it was not.
+    assert {d.reason for d in result.layers} == {"16-bit: past budget=0; the tolerance is not met"}
+    one = search_precision(sensitive_model("mixed_bfloat16"), BATCHES, budget=1, tolerance=1e-12, verbose=0)
+    assert [d.reason for d in one.layers if d.decision == "float32"] == [
+        "kept float32 (one of the budget=1 most sensitive); the tolerance is not met"]
 
 
 def test_already_within_tolerance_keeps_nothing():
