@@ -107,6 +107,7 @@ class AuditReport:
 
     model: str
     records: tuple[OpRecord, ...]
+    output_dtypes: tuple[str, ...] = ()  # the model call's outputs as they ran (flattened), not their specs
 
     def low_precision(self) -> list[OpRecord]:
         """The sensitive-op records that computed in float16/bfloat16 where that is a hazard."""
@@ -160,6 +161,7 @@ def trace(model: keras.Model, x: Any, *, training: bool = False, backward: bool 
         model_start = len(graph.get_operations())
         with tf.GradientTape() as tape:
             outputs = _call(model, inputs, training)
+            recorded.model_outputs = [t for t in keras.tree.flatten(outputs) if tf.is_tensor(t)]
             model_end = len(graph.get_operations())
             total = _scalar(outputs)
         forward_end = len(graph.get_operations())
@@ -336,4 +338,5 @@ def audit_model(model: keras.Model, x: Any, *, training: bool = False, backward:
                 # The matmul's own creator: QK^T in an attention layer, the softmax in its sublayer.
                 records.append(OpRecord(matmul.type, "attention", path_of.get(full, path),
                                         op_dtype(matmul), phase, full))
-    return AuditReport(model=model.name, records=tuple(records))
+    return AuditReport(model=model.name, records=tuple(records),
+                       output_dtypes=tuple(t.dtype.name for t in traced.model_outputs))

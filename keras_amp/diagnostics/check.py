@@ -33,6 +33,7 @@ from keras_amp.diagnostics.evidence import audit_findings, probe_batch
 from keras_amp.diagnostics.finding import KINDS, Finding
 from keras_amp.diagnostics.outputs import output_findings
 from keras_amp.dtypes import LOW_PRECISION
+from keras_amp.memory import frozen
 
 # Stock BatchNormalization / RMSNormalization compute their statistics in float32 but autocast
 # their inputs to the compute dtype first, so float32 inputs > 65504 become inf under
@@ -270,25 +271,27 @@ def check_model(model: keras.Model, x: Any = None, *, training: bool = False,
                 covered.append(path)
         found.extend(_dimension_findings(path, layer, device))
     found.extend(_loss_findings(model))
-    outputs_found, notes = output_findings(model, loss)
-    found.extend(outputs_found)
+    report, probed, note = None, False, None
     if x is not None:
-        found.extend(audit_findings(model, audit.audit_model(model, x, training=training, tree=tree), found,
-                                    probe=False))
+        report = audit.audit_model(model, x, training=training, tree=tree)
     else:
         batch, note = probe_batch(model)
         if batch is not None:
             try:
-                report = audit.audit_model(model, batch, training=training, tree=tree)
+                report, probed = audit.audit_model(model, batch, training=training, tree=tree), True
             except Exception as e:  # noqa: BLE001 - ones may not be a valid input; the report says so
                 note = (f"not audited: the probe batch of ones could not run ({type(e).__name__}: {e}); "
                         "pass x= for the op findings")
-            else:
-                found.extend(audit_findings(model, report, found, probe=True))
+    # The outputs' dtypes as the traced call gave them, where it ran: a layer's output spec may say otherwise.
+    outputs_found, notes = output_findings(model, loss, ran=report.output_dtypes if report else None)
+    found.extend(outputs_found)
+    if report is not None:
+        found.extend(audit_findings(model, report, found, probe=probed))
+    if note is not None:
         notes.append(note)
     if not built:
         tree = model_graph.layer_tree(model)  # the audit built it: sublayers made in build() are new
-    found.extend(_variable_findings(layers, tree))
+    found.extend(_variable_findings(layers, tree, _stored_16bit_on_purpose(model)))
     found.extend(_scaling_findings(model, layers))
     found.extend(_xla_findings(model, layers, device))
     found.extend(_stale_findings(model, tree))
@@ -322,13 +325,24 @@ def _loss_findings(model) -> list[Finding]:
     ]
 
 
-def _variable_findings(layers, tree: model_graph.LayerTree) -> list[Finding]:
+def _stored_16bit_on_purpose(model) -> set[int]:
+    """ids of the variables keras_amp stores in 16 bits itself: frozen weights (`enable(frozen_weights=)`),
+    and the weights LeanAdam keeps in 16 bits beside their float32 masters."""
+    kept = {id(v) for v in model.weights if frozen.is_frozen_16bit(v)}
+    optimizer = getattr(model, "optimizer", None)
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    if hasattr(inner, "keeps_16bit"):
+        kept.update(id(v) for v in model.trainable_weights if inner.keeps_16bit(v))
+    return kept
+
+
+def _variable_findings(layers, tree: model_graph.LayerTree, on_purpose: set[int] = frozenset()) -> list[Finding]:
     findings = []
     for path, layer in layers:
         # Children's weights are reported at the children, but only for children the walk visits:
         # an MHA/RNN/island layer reports every variable it (transitively) owns.
         children = tree.children(layer) if _descends(layer) else []
-        inner = {id(v) for child in children for v in child.weights}
+        inner = {id(v) for child in children for v in child.weights} | on_purpose
         dtypes = sorted({v.dtype for v in layer.weights if id(v) not in inner and v.dtype in LOW_PRECISION})
         for dtype in dtypes:
             findings.append(Finding(

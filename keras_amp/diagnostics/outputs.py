@@ -152,10 +152,13 @@ def _check_loss(loss) -> None:
                             f"{type(item).__name__})")
 
 
-def output_findings(model, loss: Any = None) -> tuple[list[Finding], list[str]]:
+def output_findings(model, loss: Any = None, ran: tuple[str, ...] | None = None) -> tuple[list[Finding], list[str]]:
     """`output_not_float32` findings, and notes for 16-bit outputs that a float32 log-softmax loss reads.
 
     `loss`: the loss (or structure of losses) the outputs feed; None: the compiled one, if any.
+    `ran`: the outputs' dtypes in a traced call of the model (flattened), where one ran: they are
+    what the loss reads, where a layer's output spec can differ (keras-hub's ReversibleEmbedding
+    reports its compute dtype for the float32 logits it returns). None: the specs (`current_dtype`).
     """
     _check_loss(loss)
     try:
@@ -165,8 +168,10 @@ def output_findings(model, loss: Any = None) -> tuple[list[Finding], list[str]]:
     compiled = loss is None and getattr(model, "compiled", False)
     losses = _losses_by_output(model, getattr(model, "loss", None) if compiled else loss)
     findings, notes = [], []
+    if ran is not None and len(ran) != len(outputs):
+        ran = None  # outputs that are not tensors (None) dropped: positions unknown, read the specs
     for i, (t, out_loss) in enumerate(zip(outputs, losses)):
-        dtype = current_dtype(t)
+        dtype = ran[i] if ran is not None else current_dtype(t)
         if not keras.backend.is_float_dtype(dtype) or dtype == "float32":
             continue
         name = t._keras_history.operation.name

@@ -165,6 +165,11 @@ def _check_model(model):
     return validation.check_type("model", model, keras.layers.Layer, "a keras.Model or keras.layers.Layer")
 
 
+def is_frozen_16bit(variable) -> bool:
+    """Whether `prepare` stores `variable` in 16 bits because it is frozen (no walk of a model)."""
+    return bool(getattr(variable, "_keras_amp_frozen_16bit", False))
+
+
 def frozen_16bit(model) -> list:
     """The variables `prepare` stores in 16 bits because they are frozen."""
     _check_model(model)

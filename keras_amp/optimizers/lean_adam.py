@@ -141,6 +141,13 @@ class LeanAdam(keras.optimizers.Adam):
     def _is_lean(self, variable) -> bool:
         return self._lean_kind(variable) is not None
 
+    def keeps_16bit(self, variable) -> bool:
+        """Whether this optimizer keeps `variable` in 16 bits, its float32 master beside it."""
+        try:
+            return self._is_lean(variable)
+        except KeyError:  # not one of its variables
+            return False
+
     def load_own_variables(self, store):
         """Keras's loading; before the optimizer is built (a `.keras` file loads its state before
         `prepare` has run), the values wait and are assigned right after `build`."""

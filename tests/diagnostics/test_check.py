@@ -390,3 +390,27 @@ def test_an_x_the_model_cannot_take_is_an_error_naming_x(built):
     model = keras.Sequential(([keras.Input((30,))] if built else []) + [keras.layers.Dense(4)], name="m30")
     with pytest.raises(ValueError, match=r"The model 'm30' could not run on `x` \(shapes \(\)\): ValueError: .*"):
         keras_amp.check_model(model, np.float32(3.0))
+
+
+def test_weights_keras_amp_stores_in_16_bits_are_not_findings():
+    # Frozen weights under enable(frozen_weights="compute") and LeanAdam's weights: 16-bit by design, with no
+    # updates to round away (frozen) or with their float32 masters (LeanAdam). Before: a finding per layer.
+    from keras_amp.memory import storage  # noqa: PLC0415
+    from keras_amp.optimizers import LeanAdam  # noqa: PLC0415
+
+    keras_amp.enable("mixed_bfloat16")
+    x, y = np.ones((8, 4), "float32"), np.ones((8, 1), "float32")
+    for optimizer in (keras.optimizers.Adam(1e-3), LeanAdam(1e-3)):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, name="frozen"),
+                                  keras.layers.Dense(1, name="head")])
+        model.get_layer("frozen").trainable = False
+        model.compile(optimizer, "mse")
+        model.fit(x, y, epochs=1, verbose=0)
+        stored = {"/".join(v.path.split("/")[-2:]): storage.storage_dtype(v) for v in model.weights}
+        assert stored["frozen/kernel"] == "bfloat16", stored  # guard: keras_amp stored it in 16 bits
+        if isinstance(optimizer, LeanAdam):
+            assert stored["head/kernel"] == "bfloat16", stored
+        assert not [f for f in keras_amp.check_model(model, x).findings if f.kind == "low_precision_variables"]
+    keras.config.set_dtype_policy("bfloat16")  # a pure 16-bit layer is still one
+    pure = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="pure")])
+    assert [f.layer for f in keras_amp.check_model(pure).findings if f.kind == "low_precision_variables"] == ["pure"]

@@ -112,3 +112,24 @@ def test_loss_of_a_wrong_type_is_refused():
         check.check_model(model, loss=["bogus"])
     by_name = check.check_model(model, loss={model.output_names[0]: _fit_loss()})
     assert by_name.ok and by_name.notes[0].startswith("output 0")
+
+
+class _SpecSays16Bit(keras.layers.Dense):
+    """Returns float32 logits while its output spec says the compute dtype, as keras-hub's ReversibleEmbedding
+    (reverse_dtype="float32") does for every keras-hub language model's head."""
+
+    def call(self, x):
+        return keras.ops.cast(super().call(x), "float32")
+
+    def compute_output_spec(self, x):
+        return keras.KerasTensor(tuple(x.shape[:-1]) + (self.units,), dtype=self.compute_dtype)
+
+
+def test_an_output_is_read_as_the_traced_call_gives_it_not_as_its_spec_says():
+    model = _head(lambda: _SpecSays16Bit(8, name="head"))
+    assert outputs.current_dtype(model.outputs[0]) == "bfloat16"  # guard: the spec says 16 bits
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    for report in (check.check_model(model), check.check_model(model, keras.ops.ones((2, 16)))):
+        # Before: a note that each logit "is bfloat16 by choice" and is rounded to bfloat16: it is not.
+        assert report.ok and not [n for n in report.notes if "'head'" in n], report.notes
+    assert outputs.output_findings(model, ran=("bfloat16",))[1]  # what the traced call gives decides
