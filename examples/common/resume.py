@@ -69,8 +69,8 @@ def check_same_run(saved: dict[str, Any], run: dict[str, Any], directory: str) -
 
 
 def _others(directory: str) -> str:
-    """", not the run of ..." naming the runs whose checkpoints sit beside `directory` (<model_dir>/<label>/checkpoint),
-    or "": a run started under another --policy keeps its checkpoint in another label's folder."""
+    """A note naming the runs whose checkpoints sit beside `directory` (<model_dir>/<label>/checkpoint), or "":
+    a run started under another --policy keeps its checkpoint in another label's folder."""
     model_dir = os.path.dirname(os.path.dirname(os.path.abspath(directory)))
     found = []
     for label in sorted(os.listdir(model_dir)) if os.path.isdir(model_dir) else []:
