@@ -20,7 +20,7 @@ from absl import logging
 from keras import ops
 
 from keras_amp import _compat, validation
-from keras_amp.optimizers import scale_rule, settings as lso_settings, tiers
+from keras_amp.optimizers import loaded_state, scale_rule, settings as lso_settings, tiers
 from keras_amp.optimizers.scale_log import ScaleLog
 
 # Where a pin is missing the feature is off (`__init__` refuses), but the class must still import.
@@ -28,9 +28,6 @@ _no_tracking = _compat.original("keras.src.utils.tracking.no_automatic_dependenc
 _in_xla_context = _compat.original("tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext")
 _supports_no_merge_call = _compat.original(
     "tensorflow.python.distribute.merge_call_interim.strategy_supports_no_merge_call")
-
-# Stock Keras 3.15.1 optimizer layout: iteration, learning_rate, step_counter, dynamic_scale.
-_STOCK_OWN_VARIABLES = 4
 
 
 def _built_variable(name, attr, doc):
@@ -135,6 +132,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.resolved_tier = None
         self._scale_log = ScaleLog()
         self._first_scale = None  # tier="auto": the scale an eager first step's loss took before build
+        self._deferred_state = None  # a store loaded before build: assigned at build
         if tier == tiers.AUTO:  # the tier's values are known at build time
             for key, value in explicit.items():
                 setattr(self, key, value)
@@ -192,7 +190,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._overflows_at_min_scale = self._counter("overflows_at_min_scale")
         self.inner_optimizer.build(var_list)
         keras.optimizers.Optimizer.build(self, var_list)
-        deferred, self._deferred_state = getattr(self, "_deferred_state", None), None
+        deferred, self._deferred_state = self._deferred_state, None
         if deferred:
             # Eagerly: `fit` may build inside its first traced step, where the assignments would be ops of
             # that graph, not the loaded state.
@@ -252,40 +250,16 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return ops.multiply(loss, tiers.KERAS_DEFAULT.initial_scale)
 
     def load_own_variables(self, store):
-        # The store holds ours, then the inner optimizer's: one that builds later (LeanAdam) loads its
-        # own entry then, ours load now. Stock Keras's store lacks our three counters: they start at 0.
         if not self.built:
             # `load_weights` into a model whose optimizer is not built yet (a fresh model, the usual
             # resume): the values wait and load right after `build` (Keras's skips them with a warning,
             # and the scale and counters would restart).
             self._deferred_state = {key: np.asarray(store[key]) for key in store.keys()}
             return
-        n_ours, inner = len(self._variables), self.inner_optimizer
-        if self.built and not inner.built and len(store.keys()) >= n_ours:
-            for i, variable in enumerate(self._variables):
-                variable.assign(store[str(i)])
-        elif self.built and len(store.keys()) == len(self.variables) - (n_ours - _STOCK_OWN_VARIABLES):
-            for i, variable in enumerate(list(self._variables[:_STOCK_OWN_VARIABLES]) + list(inner.variables)):
-                variable.assign(store[str(i)])
-            # Stock never advances its own `iteration` (slot 0): every step it saw was applied.
-            self._iterations.assign(inner.iterations)
-            logging.info("LossScaleOptimizer %r: loaded stock Keras LossScaleOptimizer state; "
-                         "overflow counters start at 0.", self.name)
-        else:
+        if not loaded_state.assign(self, store):
             super().load_own_variables(store)
-        self._clamp_loaded_scale()
+        loaded_state.clamp_scale(self)
         self._scale_log.known_scale = self.scale
-
-    def _clamp_loaded_scale(self):
-        # A stock save can hold 0.0 or inf (stock has no floor or ceiling): with 0 every gradient is
-        # 0, counts as finite and 0/0 writes NaN; with inf every step is skipped. Bring it in bounds.
-        scale = self.scale
-        if not self.dynamic or self.min_scale <= scale <= self.max_scale:
-            return
-        clamped = self.min_scale if not scale > self.min_scale else self.max_scale  # NaN -> min
-        self.dynamic_scale.assign(clamped)
-        logging.warning("LossScaleOptimizer %r: loaded loss scale %g is outside [min_scale, max_scale] "
-                        "= [%g, %g]; set to %g.", self.name, scale, self.min_scale, self.max_scale, clamped)
 
     # ----------------------------------------------------------------- the step
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
