@@ -70,6 +70,27 @@ def float32_policies(model: keras.Model, paths, *, tree: model_graph.LayerTree |
     return out
 
 
+def decision_unit(layers: dict[str, keras.layers.Layer], path: str) -> str:
+    """The path a precision decision about `path` is made at: the outermost `keras.layers.RNN` above
+    it, else `path` itself. An RNN layer casts its input to its own compute dtype before its cell
+    sees it, and LSTM, GRU and SimpleRNN rebuild their cell from their own config: a cell's own
+    policy neither makes the recurrence float32 nor survives `keras.saving.load_model`."""
+    parts = path.split("/")
+    for i in range(1, len(parts)):
+        above = "/".join(parts[:i])
+        if isinstance(layers.get(above), keras.layers.RNN):
+            return above
+    return path
+
+
+def unit_members(layers: dict[str, keras.layers.Layer], unit: str) -> list[str]:
+    """The paths whose policy a decision at `unit` sets: an RNN's with every layer below it, else
+    `unit` alone."""
+    if not isinstance(layers[unit], keras.layers.RNN):
+        return [unit]
+    return [p for p in layers if p == unit or p.startswith(unit + "/")]
+
+
 def reset_functions(model: keras.Model) -> None:
     """Forgets traced train/test/predict functions so the next call retraces with the new policies."""
     for attr in ("train_function", "test_function", "predict_function"):

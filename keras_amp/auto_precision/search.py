@@ -14,7 +14,9 @@ Estimator ("demote one, then promote greedily"), on `batches` batches, inference
 
 Candidates: the layers computing in 16 bits that cost something themselves, weights or
 floating-point work of their own in one traced forward pass (`layer_cost`): Dropout at inference
-and Activation("relu") compute nothing a float32 policy could change, and are left out.
+and Activation("relu") compute nothing a float32 policy could change, and are left out. An RNN layer
+and its cell are one candidate, the RNN (`model_policies.decision_unit`): the RNN casts the cell's input,
+and a `.keras` file keeps only the RNN's policy.
 
 Forward/backward passes per batch: 1 (float32 reference) + 1 (as is) + N (one per candidate)
 + ceil(log2(N + 1)) (prefix search) + k (pruning), N candidates and k chosen layers. Demoting one
@@ -272,13 +274,17 @@ def search_precision(
         x = keras.utils.unpack_x_y_sample_weight(data_batches[0])[0]
         flops = layer_cost.layer_flops(model, x, tree=tree)
         sixteen = [p for p, l in layers.items() if l.compute_dtype in LOW and (patterns is None or _matches(p, patterns))]
-        pool = [p for p in sixteen if layer_cost.costs_something(layers[p], flops.get(p, 0))]
-        left_out = tuple(p for p in sixteen if p not in pool)
+        # An RNN's cell is decided with its RNN (`model_policies.decision_unit`): one candidate.
+        units = list(dict.fromkeys(model_policies.decision_unit(layers, p) for p in sixteen))
+        members = {u: model_policies.unit_members(layers, u) for u in units}
+        flops = {u: sum(flops.get(m, 0) for m in members[u]) for u in units}
+        pool = [u for u in units if any(layer_cost.costs_something(layers[m], flops[u]) for m in members[u])]
+        left_out = tuple(u for u in units if u not in pool)
         all32 = {p: FLOAT32 for p in current}
         progress = Progress(verbose, len(pool), len(left_out), len(data_batches))
 
-        def measure(float32_paths: Iterable[str], what: str) -> Errors:
-            chosen = set(float32_paths)
+        def measure(float32_units: Iterable[str], what: str) -> Errors:
+            chosen = {m for u in float32_units for m in members.get(u, [u])}
             policies = {p: (FLOAT32 if p in chosen else current[p]) for p in current}
             model_policies.set_policies(model, policies, tree=tree)
             errors = _errors(_run(model, data_batches, loss_fn), ref)
@@ -299,7 +305,7 @@ def search_precision(
         passes += 1
         sens = {}
         for path in pool:
-            sens[path] = measure([p for p in current if p != path], f"{path} alone in 16 bits")
+            sens[path] = measure([p for p in current if p not in members[path]], f"{path} alone in 16 bits")
             passes += 1
 
         def severity(p):

@@ -108,6 +108,23 @@ def test_float32_policies_takes_the_layers_a_named_layer_calls():
         "block": "float32", "block/inner_a": "float32", "block/inner_b": "float32"}
 
 
+def test_an_rnn_cell_is_decided_with_its_outermost_rnn_other_layers_alone():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    inp = keras.Input((5, 3))
+    h = keras.layers.Bidirectional(keras.layers.GRU(4, return_sequences=True), name="bi")(inp)
+    h = keras.layers.LSTM(4, name="lstm")(h)
+    model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+    layers = model_policies.layers_by_path(model)
+    units = {p: model_policies.decision_unit(layers, p) for p in layers}
+    assert units == {"bi": "bi", "bi/forward_gru": "bi/forward_gru", "bi/forward_gru/gru_cell": "bi/forward_gru",
+                     "bi/backward_gru": "bi/backward_gru", "bi/backward_gru/gru_cell": "bi/backward_gru",
+                     "lstm": "lstm", "lstm/lstm_cell": "lstm", "out": "out"}
+    assert model_policies.unit_members(layers, "lstm") == ["lstm", "lstm/lstm_cell"]
+    assert model_policies.unit_members(layers, "bi") == ["bi"]  # a wrapper, not an RNN: its layers decide apart
+    assert model_policies.unit_members(layers, "out") == ["out"]
+    assert model_policies.decision_unit(model_policies.layers_by_path(_nested()), "block/inner_a") == "block/inner_a"
+
+
 def test_reapply_float32_changes_only_what_lost_it():
     model = _rnn_model()
     model.compile(keras.optimizers.SGD(1e-3), "mse")

@@ -181,3 +181,28 @@ def test_one_walk_of_the_model_serves_every_candidate(monkeypatch):
     walked.clear()
     result.apply(model)
     assert walked == [model] and model.get_layer("sensitive").dtype_policy.name == "float32"
+
+
+def test_an_lstm_is_one_candidate_with_its_cell_and_its_float32_survives_a_keras_file(tmp_path):
+    # The cell had been the candidate: the LSTM still cast its input to bfloat16 (so "every candidate
+    # float32" missed a 1e-9 tolerance), and a .keras file rebuilt the cell with the LSTM's policy.
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((16,), dtype="int32")
+    h = keras.layers.LSTM(32, name="lstm")(keras.layers.Embedding(50, 32, name="embedding")(inp))
+    model = keras.Model(inp, keras.layers.Dense(5, name="out")(h))
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model_policies.set_policies(model, {"embedding": "float32", "out": "float32"})  # the LSTM alone in 16 bits
+    rng = np.random.default_rng(0)
+    data = (rng.integers(0, 50, (32, 16)), rng.integers(0, 5, (32,)))
+    result = search_precision(model, data, tolerance=1e-9, verbose=0)
+    assert [(d.path, d.layer_class) for d in result.layers] == [("lstm", "LSTM")] and result.left_out == ()
+    assert result.float32_layers == ("lstm",) and result.rules == {"lstm": "float32"}
+    assert result.errors_as_is.loss > 1e-7 and result.errors_final.loss == 0.0  # float32 throughout
+    assert result.layers[0].reason == "kept float32: needed to meet the tolerance"
+    result.apply(model)
+    model.save(tmp_path / "m.keras")
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    loaded = keras.saving.load_model(tmp_path / "m.keras")
+    policies = model_policies.policy_names(loaded)
+    assert policies == model_policies.policy_names(model) and policies["lstm/lstm_cell"] == "float32"
