@@ -85,7 +85,7 @@ def plot(results: dict, memory: dict, loss_scale: dict | None, title: list[str],
 
     Args:
         results: Dict. Workload -> `bench_time.py` result (its "configs" and "blocks").
-        memory: Dict. Workload -> configuration -> `run_all.median_memory` result.
+        memory: Dict. Workload -> configuration -> `report.median_memory` result.
         loss_scale: Dict or None. `bench_loss_scale.py`'s result.
         title: List of strings. Lines above the panels (the suite, the machine).
     """

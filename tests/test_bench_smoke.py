@@ -103,14 +103,14 @@ def _block(**ms):
 
 
 def test_targets_are_issue_26s_floors_with_the_forward_pass_and_the_machine_said():
-    import run_all  # noqa: PLC0415  (benchmarks/ is on sys.path above)
+    import report  # noqa: PLC0415  (benchmarks/ is on sys.path above)
 
     blocks = [_block(float32=100, stock_bf16=80, amp_bf16=60), _block(float32=100, stock_bf16=70, amp_bf16=56)]
     results = {"transformer": {
         "configs": ["float32", "stock_bf16", "amp_bf16"], "blocks": blocks, "cpu_blocks": blocks,
         "forward_blocks": [_block(float32=40, stock_bf16=30, amp_bf16=28)] * 2, "units_per_step": 4096,
         "unit": "tokens", "head_dtype": {}}}
-    text, found = run_all.build_table(results, {}, None, ["header"], amx=False)
+    text, found = report.build_table(results, {}, None, ["header"], amx=False)
     assert found == [
         "transformer amp_bf16/stock_bf16 time: 0.775 (target <= 1.0) OK (CPU time: 0.775)",
         "transformer amp_bf16/float32 time: 0.580 (target <= 0.55) MISSED",
@@ -118,26 +118,26 @@ def test_targets_are_issue_26s_floors_with_the_forward_pass_and_the_machine_said
     ]
     assert "| transformer | amp_bf16 | 28.0 | 0.700 | 0.933 | 0.933–0.933 |" in text
     assert "this machine has none, so they are shown for reference only" in text
-    assert "shown for reference" not in run_all.build_table(results, {}, None, [], amx=True)[0]
+    assert "shown for reference" not in report.build_table(results, {}, None, [], amx=True)[0]
     del results["transformer"]["forward_blocks"]  # a result without forward timing: no forward table or floor
-    text, found = run_all.build_table(results, {}, None, [], amx=True)
+    text, found = report.build_table(results, {}, None, [], amx=True)
     assert "Forward pass alone" not in text and not any("forward" in t for t in found)
 
 
 def test_rss_is_shown_with_and_without_the_mapped_files_paged_in():
-    import run_all  # noqa: PLC0415
+    import report  # noqa: PLC0415
 
     def mem(rss, files, peak):
-        return run_all.median_memory([{"rss_mib": rss, "rss_file_mib": files, "tf_peak_mib": peak, "saved_mib": 10.0}])
+        return report.median_memory([{"rss_mib": rss, "rss_file_mib": files, "tf_peak_mib": peak, "saved_mib": 10.0}])
 
     memory = {"gru": {"float32": mem(200, 10, 100), "stock_bf16": mem(250, 15, 160), "amp_bf16": mem(275, 70, 125)}}
-    text, found = run_all.build_table({}, memory, None, [], amx=False)
+    text, found = report.build_table({}, memory, None, [], amx=False)
     assert "gru amp_bf16/stock_bf16 RSS: 1.100 (target <= 1.03) MISSED (less mapped files: 0.872)" in found
     assert "gru amp_bf16/float32 RSS: 1.375 (target <= 0.7) MISSED (less mapped files: 1.079)" in found
     assert "gru amp_bf16/stock_bf16 TF peak: 0.781 (target <= 1.03) OK (saved activations: 1.000)" in found
     assert "| gru | amp_bf16 | 275 (70) | 125 |" in text
     del memory["gru"]["stock_bf16"]["rss_file_mib"]  # a figure from a machine without RssFile: RSS alone
-    found = run_all.build_table({}, memory, None, [], amx=False)[1]
+    found = report.build_table({}, memory, None, [], amx=False)[1]
     assert "gru amp_bf16/stock_bf16 RSS: 1.100 (target <= 1.03) MISSED" in found
 
 
