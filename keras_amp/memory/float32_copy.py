@@ -33,16 +33,19 @@ def float32_weights(model, optimizer=None):
         if storage.is_16bit_storage(v):
             master = masters.get(id(v))
             index = lean.variable_index(v) if master is not None else None
-            storage.set_storage(v, "float32", master)
-            changed.append((v, dtype, index))
+            # A weight made lean under an optimizer the model no longer trains with: its recorded
+            # master, and its 16-bit value back as it was (the compensation is left as it is).
+            before = None if master is not None or storage.lean_master(v) is None else v._value.read_value()
+            storage.set_storage(v, "float32", master if before is None else storage.lean_master(v))
+            changed.append((v, dtype, index, before))
     try:
         yield model
     finally:
-        for v, dtype, index in changed:
+        for v, dtype, index, before in changed:
             if index is not None:
                 lean.restore_lean(v, index)
             else:
-                storage.set_storage(v, dtype)
+                storage.set_storage(v, dtype, before)
         if changed:
             forget_traced(model)
 

@@ -40,7 +40,8 @@ from keras_amp.memory import reads, storage
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
-    """What `prepare` changed: variable paths stored in 16 bits, back in float32, made lean."""
+    """What `prepare` changed: variable paths stored in 16 bits, back in float32 (made trainable again, or
+    lean under an optimizer the model no longer trains with), made lean."""
 
     frozen_16bit: tuple[str, ...] = ()
     back_to_float32: tuple[str, ...] = ()
@@ -114,7 +115,7 @@ def prepare(model, optimizer=None, *, frozen_weights: str | None = None) -> Prep
         if lean is not None:
             _compat.require(_compat.MEMORY)
         return Prepared()
-    frozen, thawed, targets, candidates = [], [], [], []
+    frozen, thawed, handed, targets, candidates = [], [], [], [], []
     for layer, v, created_trainable in owned_weights(model):
         if not created_trainable:
             continue
@@ -129,6 +130,15 @@ def prepare(model, optimizer=None, *, frozen_weights: str | None = None) -> Prep
             storage.set_storage(v, "float32")
             v._keras_amp_frozen_16bit = False
             thawed.append(v.path)
+        elif storage.lean_master(v) is not None and not (lean is not None and lean.keeps_16bit(v)):
+            # Made lean by another optimizer (the model was compiled again): its float32 master goes
+            # to this one, or back into float32 storage for one that is not a LeanAdam.
+            storage.set_storage(v, "float32", storage.lean_master(v))
+            storage.unmark_lean(v)
+            if lean is not None and reads_in in LOW_PRECISION:
+                targets.append((v, reads_in))
+            else:
+                handed.append(v.path)
         elif lean is not None and stored == "float32" and reads_in in LOW_PRECISION:
             targets.append((v, reads_in))
     if candidates:
@@ -147,7 +157,7 @@ def prepare(model, optimizer=None, *, frozen_weights: str | None = None) -> Prep
             "call keras_amp.memory.restore_frozen_float32(model, weights_path) first to train from "
             "the float32 values.", amp_policy.AmpWarning, stacklevel=3)
     lean_paths = lean.adopt_lean(targets) if lean is not None and targets else ()
-    result = Prepared(tuple(frozen), tuple(thawed), tuple(lean_paths))
+    result = Prepared(tuple(frozen), tuple(thawed + handed), tuple(lean_paths))
     if result.changed:
         forget_traced(model)
         gc.collect()  # the replaced float32 tf.Variables are freed now, not at the next collection

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from keras_amp import _compat, validation
 from keras_amp.dtypes import LOW_PRECISION
+from keras_amp.numerics import bits
 
 
 STORAGE_DTYPES = ("float32", "bfloat16", "float16")
@@ -99,3 +100,33 @@ def state_bytes(model, optimizer=None) -> dict[str, int]:
 
 def is_16bit_storage(variable) -> bool:
     return storage_dtype(variable) in LOW_PRECISION
+
+
+def mark_lean(variable, kind: str, compensation) -> None:
+    """Records on `variable` that its float32 master is its 16-bit value joined with `compensation`
+    (`LeanAdam`'s kinds: "split", "kahan"; a tensor or variable; None for "stochastic", "none").
+
+    The record goes with the weight, not with the optimizer: a model recompiled with another
+    optimizer hands the master on (`keras_amp.memory.prepare`) even after the first is gone.
+    """
+    variable._keras_amp_lean = (kind, compensation)
+
+
+def lean_master(variable):
+    """`variable`'s float32 master where `mark_lean` recorded one (as a float32 tensor), else None."""
+    entry = getattr(variable, "_keras_amp_lean", None)
+    if entry is None:
+        return None
+    value = tf.convert_to_tensor(variable._value)
+    if value.dtype == tf.float32:  # inside `float32_weights`: the master itself
+        return value
+    kind, low = entry
+    if kind == "split":
+        return bits.join(value, tf.convert_to_tensor(low))
+    if kind == "kahan":
+        return bits.kahan_join(value, tf.convert_to_tensor(low))
+    return tf.cast(value, tf.float32)
+
+
+def unmark_lean(variable) -> None:
+    variable._keras_amp_lean = None

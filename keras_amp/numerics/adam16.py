@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from keras_amp.numerics import bits
@@ -160,3 +161,23 @@ def in_place(kind: str, moments: str, decay: bool, dtype: str) -> InPlace:
 
     jit = functools.partial(tf.function, jit_compile=True, autograph=False)
     return InPlace(jit(first), jit(second), jit(assign), jit(single), jit(both_moments))
+
+
+def update_in_chunks(fn, variable, low_var, m_var, v_var, gradient, scalars, iterations, index: int,
+                     chunk_elements: int) -> list:
+    """`fn`'s update (a `kernel`) of one weight, about `chunk_elements` at a time along axis 0, one chunk
+    after another: the float32 temporaries of a large weight (an embedding) never exist for the whole of
+    it at once. `iterations` and `index` seed each chunk's stochastic rounding apart."""
+    targets = [variable, None if low_var is None else low_var.value, m_var.value, v_var.value]
+    gradient = tf.convert_to_tensor(gradient)
+    rows = variable.shape[0]
+    step = max(1, chunk_elements // (int(np.prod(variable.shape)) // rows))
+    done = []
+    for chunk, start in enumerate(range(0, rows, step)):
+        part = slice(start, min(rows, start + step))
+        seed = tf.stack([tf.cast(iterations, tf.int32), tf.constant(2 * (index * 4096 + chunk), tf.int32)])
+        with tf.control_dependencies(done):
+            low = targets[1][part] if targets[1] is not None else tf.zeros((), tf.uint16)
+            out = fn(variable[part], low, targets[2][part], targets[3][part], gradient[part], scalars, seed)
+            done = [t[part].assign(o) for t, o in zip(targets, out) if t is not None]
+    return done

@@ -113,3 +113,8 @@ def round_to_bfloat16(x: tf.Tensor) -> tf.Tensor:
     nan = tf.math.is_nan(x)
     top = tf.where(nan, tf.bitwise.bitwise_or(tf.bitwise.right_shift(bits, 16), 0x40), rounded)
     return tf.bitcast(tf.cast(top, tf.uint16), tf.bfloat16)
+
+
+def same_bits(a: tf.Tensor, b: tf.Tensor) -> bool:
+    """Whether two 16-bit tensors hold the same bits (NaNs included); eager."""
+    return bool(tf.reduce_all(tf.equal(tf.bitcast(a, tf.uint16), tf.bitcast(b, tf.uint16))))

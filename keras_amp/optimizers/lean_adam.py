@@ -49,7 +49,7 @@ from keras_amp.policy import AmpWarning
 COMPENSATIONS = ("split", "kahan", "stochastic", "none")
 # Weights larger than this are "large": under XLA their update writes into the variables' own
 # buffers (`_update_in_place`); as TensorFlow ops (`jit_update=False`) it runs a slice of rows at a
-# time (`_update_in_chunks`). Either way no copy of the weight's whole state is held beside it.
+# time (`adam16.update_in_chunks`). Either way no copy of the weight's whole state is held beside it.
 CHUNK_ELEMENTS = 1 << 20
 MOMENTS = ("bfloat16", "float32")
 
@@ -90,7 +90,8 @@ class LeanAdam(keras.optimizers.Adam):
             if bad:
                 raise ValueError(f"LeanAdam does not support `{name}`. Received: {name}={bad!r}")
         _compat.require(_compat.MEMORY)
-        self._pending = {}  # id(Keras variable) -> (kind, dtype, initial compensation or None)
+        # id(Keras variable) -> (kind, dtype, initial compensation or None, the 16-bit value it goes with)
+        self._pending = {}
         self._kinds = []  # by variable index: (kind, dtype) for a lean weight, else None
         self._low = []  # by variable index: the compensation variable, or None
         self._as_adam = False  # set while `_build_as_adam` builds on weights none of which is lean
@@ -127,7 +128,8 @@ class LeanAdam(keras.optimizers.Adam):
             else:
                 hi = tf.cast(master, dtype)
             storage.set_storage(variable, dtype, hi)
-            self._pending[id(variable)] = (kind, dtype, low)
+            storage.mark_lean(variable, kind, low)
+            self._pending[id(variable)] = (kind, dtype, low, hi)
             paths.append(variable.path)
         return paths
 
@@ -154,6 +156,18 @@ class LeanAdam(keras.optimizers.Adam):
         if self.built:
             return super().load_own_variables(store)
         self._deferred_state = {key: store[key] for key in store.keys()}
+        if "0" in self._deferred_state:  # Keras's first optimizer variable: `iterations`, read meanwhile
+            with tf.init_scope():
+                self._iterations.assign(self._deferred_state["0"])
+
+    def save_own_variables(self, store):
+        """Keras's saving; state loaded and not yet assigned (the optimizer not built since) is
+        saved as it was loaded, not dropped."""
+        deferred = getattr(self, "_deferred_state", None)
+        if self.built or deferred is None:
+            return super().save_own_variables(store)
+        for key, value in deferred.items():
+            store[key] = value
 
     def build(self, var_list):
         if self.built:
@@ -172,7 +186,7 @@ class LeanAdam(keras.optimizers.Adam):
                 self._kinds.append(None)
                 self._low.append(None)
                 continue
-            kind, dtype, low = self._pending.pop(id(v))
+            kind, dtype, low, hi = self._pending.pop(id(v))
             self._kinds.append((kind, dtype))
             base = v.path.replace("/", "_")
             moment_dtype = self.moments
@@ -184,9 +198,13 @@ class LeanAdam(keras.optimizers.Adam):
             compensation = self.add_variable(v.shape, dtype="uint16" if kind == "split" else dtype,
                                              name=f"{base}_compensation", initializer="zeros")
             # Assigned eagerly: Keras builds the optimizer inside the first traced step, where an
-            # initializer reading `low` would capture it into that graph for the graph's life.
+            # initializer reading `low` would capture it into that graph for the graph's life. Not where
+            # the weight was assigned since `prepare` (a `tf.train.Checkpoint` restored it, and restores
+            # the compensation as the variable is made): `low` belongs to the value it replaced.
             with tf.init_scope():
-                compensation.assign(tf.cast(low, compensation.dtype))
+                if bits.same_bits(tf.convert_to_tensor(v._value), hi):
+                    compensation.assign(tf.cast(low, compensation.dtype))
+            storage.mark_lean(v, kind, compensation)
             self._low.append(compensation)
         deferred = getattr(self, "_deferred_state", None)
         if deferred is not None:
@@ -307,8 +325,9 @@ class LeanAdam(keras.optimizers.Adam):
                 return self._update_in_place(kind, dtype, decay, variable, low_var, m_var, v_var, gradient,
                                              scalars, seed)
             if rows > 1:
-                return self._update_in_chunks(adam16.kernel(kind, self.moments, decay, False, False), variable,
-                                              low_var, m_var, v_var, gradient, scalars, index)
+                return adam16.update_in_chunks(adam16.kernel(kind, self.moments, decay, False, False), variable,
+                                               low_var, m_var, v_var, gradient, scalars, self.iterations, index,
+                                               CHUNK_ELEMENTS)
         fn = adam16.kernel(kind, self.moments, decay, probe is not None, self.jit_update)
         with tf.control_dependencies(self._after_large_updates() if large else []):  # on the state's reads
             low = tf.convert_to_tensor(low_var) if low_var is not None else tf.zeros((), tf.uint16)
@@ -359,24 +378,6 @@ class LeanAdam(keras.optimizers.Adam):
     def _record_large_update(self, tensors) -> None:
         if not tf.executing_eagerly():
             self._large_updates[1].extend(tensors)
-
-    def _update_in_chunks(self, fn, variable, low_var, m_var, v_var, gradient, scalars, index):
-        """The same update, CHUNK_ELEMENTS at a time along axis 0, one chunk after another: the float32
-        temporaries of a large weight (an embedding) never exist for the whole of it at once."""
-        targets = [variable, None if low_var is None else low_var.value, m_var.value, v_var.value]
-        gradient = tf.convert_to_tensor(gradient)
-        rows = variable.shape[0]
-        step = max(1, CHUNK_ELEMENTS // (int(np.prod(variable.shape)) // rows))
-        done = []
-        for chunk, start in enumerate(range(0, rows, step)):
-            part = slice(start, min(rows, start + step))
-            seed = tf.stack([tf.cast(self.iterations, tf.int32), tf.constant(2 * (index * 4096 + chunk), tf.int32)])
-            with tf.control_dependencies(done):
-                low = targets[1][part] if targets[1] is not None else tf.zeros((), tf.uint16)
-                out = fn(variable[part], low, targets[2][part], targets[3][part], gradient[part], scalars, seed)
-                done = [t[part].assign(o) for t, o in zip(targets, out) if t is not None]
-        return done
-
 
 @keras.saving.register_keras_serializable(package="keras_amp")
 class LeanAdamW(LeanAdam):

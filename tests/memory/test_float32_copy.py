@@ -24,3 +24,22 @@ def test_frozen_and_lean_weights_are_float32_inside_and_16bit_after():
     assert {memory.storage_dtype(v) for v in model.weights} == {"bfloat16"}
     np.testing.assert_array_equal(model.optimizer.master_weights()[id(lean_kernel)].numpy(), master)
     assert model.train_function is None  # traced again at the next call
+
+
+def test_lean_weights_of_a_model_compiled_again_hold_their_masters_inside():
+    # Compiled with another optimizer and not trained since (no `prepare` yet): the masters come from
+    # the compensation recorded with each weight, not from the 16-bit values alone.
+    keras_amp.enable("mixed_bfloat16")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(2)])
+    model.compile(keras_amp.optimizers.LeanAdam(1e-3), "mse")
+    x, y = np.ones((16, 8), "float32"), np.zeros((16, 2), "float32")
+    model.fit(x, y, epochs=2, verbose=0)
+    kernel = model.layers[0].kernel
+    master = model.optimizer.master_weights()[id(kernel)].numpy()
+    hi = kernel.numpy().copy()
+    model.compile(keras.optimizers.Adam(1e-3), "mse")
+    with memory.float32_weights(model):
+        np.testing.assert_array_equal(kernel.numpy().view(np.uint32), master.view(np.uint32))
+    assert memory.storage_dtype(kernel) == "bfloat16"
+    np.testing.assert_array_equal(kernel.numpy().view(np.uint16), hi.view(np.uint16))  # back as it was

@@ -51,3 +51,30 @@ def test_state_bytes_counts_each_variable_once_by_its_storage():
     # Adam: two float32 slots per trainable weight (built on float32), iteration (int64), learning rate.
     assert got["optimizer"] == 2 * (4 * 8 + 8 + 8 + 8) * 4 + 8 + 4
     assert got["total"] == got["trainable"] + got["non_trainable"] + got["optimizer"]
+
+
+@pytest.mark.parametrize("kind, dtype", [("split", "bfloat16"), ("kahan", "float16"), ("kahan", "bfloat16"),
+                                         ("none", "bfloat16")])
+def test_lean_master_joins_the_16bit_value_with_the_recorded_compensation(kind, dtype):
+    from keras_amp.numerics import bits  # noqa: PLC0415
+
+    x = np.random.default_rng(0).normal(size=(64,)).astype("float32") * 3.0
+    v = keras.Variable(x)
+    assert memory.storage.lean_master(v) is None  # nothing recorded: not lean
+    if kind == "split":
+        hi, low = bits.split(tf.constant(x))
+    elif kind == "kahan":
+        hi, low = bits.kahan_split(tf.constant(x), tf.as_dtype(dtype))
+    else:
+        hi, low = tf.cast(x, dtype), None
+    memory.set_storage(v, dtype, hi)
+    memory.storage.mark_lean(v, kind, low)
+    got = memory.storage.lean_master(v).numpy()
+    x64, err = x.astype("float64"), np.abs(got.astype("float64") - x.astype("float64"))
+    if kind == "split":
+        np.testing.assert_array_equal(got.view(np.uint32), x.view(np.uint32))  # the master, bit for bit
+    else:  # kahan: about twice the 16-bit precision; none: the 16-bit value itself
+        ulp = np.abs(x64) * (2.0 ** -10 if dtype == "float16" else 2.0 ** -7)
+        assert np.all(err <= (ulp * 2.0 ** -8 if kind == "kahan" else ulp)), err.max()
+    memory.storage.unmark_lean(v)
+    assert memory.storage.lean_master(v) is None

@@ -99,3 +99,10 @@ def test_integer_bfloat16_conversions_match_tensorflows_casts():
     np.testing.assert_array_equal(bits.bfloat16_to_float32(rounded).numpy(),
                                   tf.cast(rounded, tf.float32).numpy())
     assert np.isnan(bits.round_to_bfloat16(np.array([np.nan], np.float32)).numpy().astype(np.float32)).all()
+
+
+def test_same_bits_compares_bit_patterns_nan_and_signed_zero_included():
+    a = tf.constant([1.0, float("nan"), 0.0, -0.0], tf.bfloat16)
+    assert bits.same_bits(a, tf.identity(a))  # NaN == NaN by bits, where tf.equal says no
+    assert not bits.same_bits(a, tf.constant([1.0, float("nan"), 0.0, 0.0], tf.bfloat16))  # -0.0 vs 0.0
+    assert not bits.same_bits(a, tf.constant([1.0078125, float("nan"), 0.0, -0.0], tf.bfloat16))  # one ulp
