@@ -1,7 +1,9 @@
 """export_for_inference: 16-bit serving copy, islands kept, .keras and SavedModel reloaded in a fresh process."""
 
+import ast
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -10,10 +12,12 @@ import keras
 import numpy as np
 import pytest
 
+import keras_amp
 from auto_precision_models import Amplify, SubclassedSensitive, regression_data, sensitive_model
 from keras_amp.auto_precision import model_policies, export_for_inference, weight_bytes
+from keras_amp.memory import storage_dtype
 
-X, _ = regression_data(n=32)
+X, Y = regression_data(n=32)
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -119,3 +123,135 @@ def test_subclassed_model_needs_a_sample_and_then_exports():
             keras.ops.convert_to_numpy(keras.ops.cast(keras.ops.cast(a.value, "bfloat16"), "float32")),
             keras.ops.convert_to_numpy(keras.ops.cast(b.value, "float32")),
         )
+
+
+@keras.saving.register_keras_serializable(package="keras_amp_tests")
+class AutoNamedSubclassed(keras.Model):
+    """Three auto-named Dense layers: a rebuilt copy names them anew ("dense_3" for "dense")."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.a = keras.layers.Dense(16, activation="relu")
+        self.b = keras.layers.Dense(16)
+        self.c = keras.layers.Dense(1)
+
+    def call(self, x):
+        return self.c(self.b(self.a(x)))
+
+
+@keras.saving.register_keras_serializable(package="keras_amp_tests")
+class BuildsItsDense(keras.layers.Layer):
+    """Creates its Dense in build(): an unbuilt copy has no layer at its place."""
+
+    def build(self, input_shape):
+        self.inner = keras.layers.Dense(4)
+        self.inner.build(input_shape)
+
+    def call(self, x):
+        return self.inner(x)
+
+
+@keras.saving.register_keras_serializable(package="keras_amp_tests")
+class LateSubclassed(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.block = BuildsItsDense()
+
+    def call(self, x):
+        return self.block(x)
+
+
+def test_subclassed_islands_are_found_by_place_when_the_copy_renames_its_layers():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    keras.utils.set_random_seed(0)
+    model = AutoNamedSubclassed()
+    model(X[:2])
+    model_policies.set_policies(model, {model.c.name: "float32"})  # an island on an auto-named layer
+    result = export_for_inference(model, "bfloat16", sample=X[:2])
+    copy = result.model
+    assert copy.c.name != model.c.name  # the edge: names do not match across the rebuild
+    assert copy.c.dtype_policy.name == "float32" and copy.c.kernel.dtype == "float32"
+    assert copy.a.dtype_policy.name == copy.b.dtype_policy.name == "bfloat16"
+    assert result.float32_layers == (copy.c.name,)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(copy.c.kernel), keras.ops.convert_to_numpy(model.c.kernel))
+    out = copy(X)
+    assert out.dtype == "float32"  # the float32 head's output, as in the source
+    ref = _float32_reference(model)
+    # Two bfloat16 layers (weights and activations rounded, u = 2**-8) before a float32 head.
+    err = np.max(np.abs(np.asarray(keras.ops.convert_to_numpy(out), np.float64) - ref))
+    assert err <= 12 * 2.0**-8 * np.max(np.abs(ref)), err
+
+
+def test_a_subclassed_island_the_copy_cannot_match_is_an_error_naming_it():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = LateSubclassed()
+    model(X[:2])
+    path = f"{model.block.name}/{model.block.inner.name}"
+    model_policies.set_policies(model, {path: "float32"})
+    with pytest.raises(ValueError, match=re.escape(repr(path))):
+        export_for_inference(model, "bfloat16", sample=X[:2])
+
+
+@pytest.mark.parametrize("stored_16bit", ["lean_adam", "frozen"])
+def test_memory_ratio_is_measured_against_float32_masters_before_and_after_fit(stored_16bit):
+    keras_amp.enable("mixed_bfloat16")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu", name="d1"),
+                              keras.layers.Dense(1, dtype="float32", name="out")])
+    d1, out = 8 * 16 + 16, 16 * 1 + 1
+    before = export_for_inference(model, "bfloat16")
+    if stored_16bit == "frozen":
+        model.get_layer("d1").trainable = False
+    optimizer = keras_amp.optimizers.LeanAdam(1e-3) if stored_16bit == "lean_adam" else keras.optimizers.Adam(1e-3)
+    model.compile(optimizer, "mse")
+    model.fit(X, Y, epochs=1, batch_size=16, verbose=0)
+    # The edge: d1's weights are stored in bfloat16 now, the model's own bytes shrank.
+    assert storage_dtype(model.get_layer("d1").kernel) == "bfloat16"
+    assert weight_bytes(model) == 2 * d1 + 4 * out
+    after = export_for_inference(model, "bfloat16")
+    for result in (before, after):
+        assert result.weight_bytes_before == 4 * (d1 + out)
+        assert result.weight_bytes_after == 2 * d1 + 4 * out and result.weight_bytes_float32 == 4 * out
+        assert result.memory_ratio == pytest.approx(0.5 + 0.5 * out / (d1 + out), rel=0, abs=1e-12)
+
+
+def test_a_lean_layer_kept_float32_gets_its_float32_master_not_its_16bit_half():
+    keras_amp.enable("mixed_bfloat16")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu", name="d1"),
+                              keras.layers.Dense(1, name="out")])
+    model.compile(keras_amp.optimizers.LeanAdam(1e-3), "mse")
+    model.fit(X, Y, epochs=1, batch_size=16, verbose=0)
+    kernel = model.get_layer("d1").kernel
+    master = model.optimizer.master_weights()[id(kernel)].numpy()
+    assert storage_dtype(kernel) == "bfloat16" and np.any(master != kernel.numpy().astype("float32"))  # guard
+    result = export_for_inference(model, "bfloat16", keep_float32=["d1"])
+    np.testing.assert_array_equal(result.model.get_layer("d1").kernel.numpy().view(np.uint32), master.view(np.uint32))
+
+
+def _two_encoders():
+    def encoder(name):
+        inp = keras.Input((8,))
+        return keras.Model(inp, keras.layers.Dense(4, name="proj")(inp), name=name)
+
+    inp = keras.Input((8,))
+    return keras.Model(inp, keras.layers.Add()([encoder("enc1")(inp), encoder("enc2")(inp)]))
+
+
+def test_keep_float32_path_keeps_that_layer_only_and_a_name_keeps_its_namesakes():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = _two_encoders()
+    copy = export_for_inference(model, "bfloat16", keep_float32=["enc1/proj"]).model
+    assert copy.get_layer("enc1").get_layer("proj").kernel.dtype == "float32"
+    assert copy.get_layer("enc2").get_layer("proj").kernel.dtype == "bfloat16"
+    assert model_policies.policy_names(copy)["enc2/proj"] == "bfloat16"
+    both = export_for_inference(model, "bfloat16", keep_float32=["proj"])  # a bare name matches both
+    assert both.float32_layers == ("enc1/proj", "enc2/proj")
+
+
+def test_keep_float32_error_names_each_example_once():
+    model = sensitive_model("mixed_bfloat16")  # top-level layers: each path is also a name
+    with pytest.raises(ValueError, match="must match a layer path") as info:
+        export_for_inference(model, "bfloat16", keep_float32=["zz"])
+    examples = ast.literal_eval(re.search(r"e\.g\. (\[.*\])", str(info.value)).group(1))
+    assert examples == ["d1", "sensitive", "out"], examples
