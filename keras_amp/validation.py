@@ -138,10 +138,14 @@ def check_float(
                 f"`{name}` must fit in float32 (|value| <= {FLOAT32_MAX:.6g}). {_received(name, value)}"
             )
         if number != 0.0 and abs(number) < FLOAT32_TINY:
+            # Say "0 or" only where the bounds accept 0 (a loss scale must be > 0).
+            zero_ok = ((min_value is None or 0.0 > min_value or (0.0 == min_value and min_inclusive))
+                       and (max_value is None or 0.0 < max_value or (0.0 == max_value and max_inclusive)))
+            magnitude = "" if min_value is not None and min_value >= 0.0 else " in magnitude"
             raise ValueError(
-                f"`{name}` must be 0 or at least float32's smallest normal number ({FLOAT32_TINY!r}) in "
-                f"magnitude: smaller values lose precision or become 0.0 in a float32 variable. "
-                f"{_received(name, value)}"
+                f"`{name}` must be {'0 or ' if zero_ok else ''}at least float32's smallest normal number "
+                f"({FLOAT32_TINY!r}){magnitude}: smaller values lose precision or become 0.0 in a float32 "
+                f"variable. {_received(name, value)}"
             )
     return number
 

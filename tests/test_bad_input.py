@@ -358,7 +358,7 @@ BAD = [
     ("LossScaleOptimizer", "dynamic_growth_steps", 0, ValueError),
     ("LossScaleOptimizer", "dynamic_growth_steps", 10**20, ValueError),
     ("LossScaleOptimizer", "dynamic_growth_steps", 2.0, TypeError),
-    ("LossScaleOptimizer", "name", 3, TypeError),
+    ("LossScaleOptimizer", "name", 3, ValueError),  # the stock constructor's type (drop-in subclass)
     ("LossScaleOptimizer", "tier", "bogus", ValueError),
     ("LossScaleOptimizer", "tier", ["small"], TypeError),
     ("LossScaleOptimizer", "min_scale", -1, ValueError),

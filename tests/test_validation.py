@@ -58,6 +58,19 @@ class TestCheckFloat:
         assert v.check_float("min_scale", 0.0, float32=True) == 0.0
         assert v.check_float("x", 1e39) == 1e39  # without float32=True only finiteness is checked
 
+    @pytest.mark.parametrize("value, bounds, expected", [
+        (-1e-40, dict(), r"must be 0 or at least float32's smallest normal number \(1\.17.*\) in magnitude"),
+        (1e-40, dict(min_value=0.0), r"must be 0 or at least float32's smallest normal number \(1\.17.*\): smaller"),
+        (1e-40, dict(min_value=0.0, min_inclusive=False), r"must be at least float32's smallest normal number "
+                                                          r"\(1\.17.*\): smaller"),
+        (-1e-40, dict(min_value=-1.0, max_value=0.0, max_inclusive=False),
+         r"must be at least float32's .* in magnitude"),
+    ], ids=["unbounded", "zero_allowed", "positive", "negative"])
+    def test_subnormal_message_offers_zero_only_where_the_bounds_accept_it(self, value, bounds, expected):
+        # A loss scale must be > 0: its message must not offer 0, which the bound refuses.
+        with pytest.raises(ValueError, match=expected):
+            v.check_float("min_scale", value, float32=True, **bounds)
+
     def test_bounds_and_infinity_when_allowed(self):
         with pytest.raises(ValueError, match=r"`rate` must be a number >= 0 and < 1\. Received: rate=1"):
             v.check_float("rate", 1, min_value=0, max_value=1, max_inclusive=False)

@@ -14,7 +14,6 @@ and `keras_amp.wrap()` warns and returns stock Keras's `LossScaleOptimizer` inst
 from __future__ import annotations
 
 import keras
-import numpy as np
 import tensorflow as tf
 from absl import logging
 from keras import ops
@@ -28,16 +27,6 @@ _no_tracking = _compat.original("keras.src.utils.tracking.no_automatic_dependenc
 _in_xla_context = _compat.original("tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext")
 _supports_no_merge_call = _compat.original(
     "tensorflow.python.distribute.merge_call_interim.strategy_supports_no_merge_call")
-
-
-def _built_variable(name, attr, doc):
-    """A read-only property `name` returning variable `attr`, which exists once the optimizer is built."""
-
-    def get(self):
-        self._require_built(name)
-        return getattr(self, attr)
-
-    return property(get, doc=doc)
 
 
 @keras.saving.register_keras_serializable(package="keras_amp")
@@ -71,7 +60,13 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     `on_min_scale="raise"` raises `MinScaleError` in eager mode and from `host_check()` /
     `LossScaleMonitor`; inside a compiled step (`fit`) the same message stops training as a
-    `tf.errors.OpError` (TensorFlow wraps exceptions raised in host callbacks).
+    `tf.errors.OpError` (TensorFlow wraps exceptions raised in host callbacks). An XLA-compiled step
+    (`jit_compile=True`, Keras's "auto" on a GPU) cannot call the host: `fit` then applies `on_min_scale`
+    when it ends (`finalize_variable_values`), `LossScaleMonitor` at each log point, and the first trace
+    warns once (`AmpWarning`) under "raise".
+
+    `load_weights` before build holds the state for the build (`loaded_state.hold`); meanwhile `scale`,
+    `iterations`, `total_steps` and the counters read the loaded values.
 
     Args:
         inner_optimizer: The `keras.optimizers.Optimizer` instance to wrap.
@@ -133,6 +128,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._scale_log = ScaleLog()
         self._first_scale = None  # tier="auto": the scale an eager first step's loss took before build
         self._deferred_state = None  # a store loaded before build: assigned at build
+        self._xla_warned = self._host_blind = False  # a step traced where it cannot call the host
         if tier == tiers.AUTO:  # the tier's values are known at build time
             for key, value in explicit.items():
                 setattr(self, key, value)
@@ -191,9 +187,10 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.inner_optimizer.build(var_list)
         keras.optimizers.Optimizer.build(self, var_list)
         deferred, self._deferred_state = self._deferred_state, None
+        loaded_state.release_inner_load(self)
+        # Eagerly: `fit` may build inside its first traced step, where the assignments would be ops of
+        # that graph, not the loaded state.
         if deferred:
-            # Eagerly: `fit` may build inside its first traced step, where the assignments would be ops of
-            # that graph, not the loaded state.
             with tf.init_scope():
                 self.load_own_variables(deferred)
 
@@ -201,25 +198,14 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return self.add_variable(shape=(), dtype="int", initializer=keras.initializers.Zeros(),
                                  aggregation="none", name=name)
 
-    def _require_built(self, what):
-        if not self.built:
-            raise ValueError(f"`{what}` exists once the optimizer is built; call "
-                             "`optimizer.build(model.trainable_variables)` or train first. "
-                             f"Received: built={self.built}")
-
     @property
     def scale(self) -> float:
         """The current loss scale as a Python float (a host read); before build, the scale the first
-        step uses (ValueError under tier="auto" without `initial_scale`: the variables decide it)."""
+        step uses: a loaded one, else `initial_scale` (ValueError under tier="auto" without it: the
+        variables decide it)."""
         if self.built:
             return float(ops.convert_to_numpy(self.dynamic_scale))
-        if self.initial_scale is None:
-            choices = ", ".join(f"{name} {v.initial_scale:g}" for name, v in tiers.TIERS.items())
-            raise ValueError(
-                f"`scale` of a tier='auto' LossScaleOptimizer is chosen at build, by parameter count ({choices}): "
-                "build it first (`optimizer.build(model.trainable_variables)`; `fit` does), or call "
-                f"`optimizer.initial_scale_for(model.trainable_variables)`. Received: tier='auto', built=False")
-        return float(self.initial_scale)
+        return loaded_state.scale_before_build(self)
 
     def initial_scale_for(self, var_list) -> float:
         """The first step's scale once built with `var_list` (tier="auto": by their parameter count)."""
@@ -227,18 +213,24 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             return float(self.initial_scale)
         return float(tiers.tier_values(tiers.AUTO, var_list).initial_scale)
 
-    overflow_count = _built_variable(
+    overflow_count = loaded_state.built_variable(
         "overflow_count", "_overflow_count", "Variable: total skipped (non-finite) steps.")
-    consecutive_overflows = _built_variable(
+    consecutive_overflows = loaded_state.built_variable(
         "consecutive_overflows", "_consecutive_overflows", "Variable: overflows since the last finite step.")
-    overflows_at_min_scale = _built_variable(
+    overflows_at_min_scale = loaded_state.built_variable(
         "overflows_at_min_scale", "_overflows_at_min_scale",
         "Variable: consecutive overflows of steps already at `min_scale`.")
-    total_steps = _built_variable(
+    total_steps = loaded_state.built_variable(
         "total_steps", "_iterations",
         "Variable: every `apply` call, applied or skipped (`iterations + overflow_count`).")
 
     def scale_loss(self, loss):
+        if not self.built and self._deferred_state is not None:
+            # `load_weights` before build: the loaded scale (an eager step unscales by the same value).
+            scale = self.scale
+            if tf.executing_eagerly():
+                self._first_scale = scale
+            return ops.multiply(loss, scale)
         if self.built or self.initial_scale is not None:
             return super().scale_loss(loss)
         # tier="auto", unbuilt: the scale depends on the variables `apply` builds with, so the loss takes
@@ -254,12 +246,23 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             # `load_weights` into a model whose optimizer is not built yet (a fresh model, the usual
             # resume): the values wait and load right after `build` (Keras's skips them with a warning,
             # and the scale and counters would restart).
-            self._deferred_state = {key: np.asarray(store[key]) for key in store.keys()}
+            loaded_state.hold(self, store)
             return
         if not loaded_state.assign(self, store):
             super().load_own_variables(store)
         loaded_state.clamp_scale(self)
         self._scale_log.known_scale = self.scale
+
+    def save_own_variables(self, store):
+        if not loaded_state.save_held(self, store):  # loaded, not yet built: that state again
+            super().save_own_variables(store)
+
+    def finalize_variable_values(self, var_list):
+        super().finalize_variable_values(var_list)
+        # `fit` calls this on the host when training ends: where the step could not call the host (XLA,
+        # replica context), the scale log and `on_min_scale` catch up here, one read per `fit`.
+        if self.built and self._host_blind:
+            self.host_check()
 
     # ----------------------------------------------------------------- the step
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
@@ -299,14 +302,15 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         def _handle_cross_replica(distribution, finite, grads, trainable_variables):
             # Identical on every replica after the all-reduce above.
             finite = distribution.experimental_local_results(finite)[0]
+            floor = loaded_state.steps_floor(self)
 
             def apply_fn():
                 distribution.extended.call_for_each_replica(
                     self._apply_unscaled, args=(grads, trainable_variables))
-                self._update(True)
+                self._update(True, floor)
 
             # A cond in cross-replica context: the inner apply calls merge_call itself.
-            ops.cond(finite, apply_fn, lambda: self._update(False))
+            ops.cond(finite, apply_fn, lambda: self._update(False, floor))
 
         tf.distribute.get_replica_context().merge_call(
             _handle_cross_replica, args=(finite, grads, trainable_variables))
@@ -314,12 +318,13 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def _common_apply(self, grads, trainable_variables=None, finite=None):
         if finite is None:
             finite = self.check_finite(grads)
+        floor = loaded_state.steps_floor(self)
 
         def apply_fn():
             self._apply_unscaled(grads, trainable_variables)
-            self._update(True)
+            self._update(True, floor)
 
-        ops.cond(finite, apply_fn, lambda: self._update(False))
+        ops.cond(finite, apply_fn, lambda: self._update(False, floor))
 
     def _apply_unscaled(self, grads, trainable_variables):
         scale = self._first_scale or self.dynamic_scale
@@ -333,11 +338,13 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                                      self._overflow_count, self._consecutive_overflows,
                                      self._overflows_at_min_scale)
 
-    def _update(self, finite: bool):
-        """Assigns `scale_rule.adjust`'s new state (inside the branch that `finite` names)."""
+    def _update(self, finite: bool, floor):
+        """Assigns `scale_rule.adjust`'s new state (inside the branch that `finite` names); `total_steps`
+        counts from at least `floor` (`loaded_state.repair_total_steps`)."""
         variables = self._state_variables()
         # Read tensors, not the variables: `old` must not see the assignments that follow.
         old = scale_rule.ScaleState(*(tf.identity(v.value) for v in variables))
+        old = old._replace(total_steps=ops.maximum(old.total_steps, ops.cast(floor, old.total_steps.dtype)))
         new = scale_rule.adjust(self.rule, old, finite)
         for variable, before, after in zip(variables, old, new):
             if after is not before:  # the rule passes unchanged values through
@@ -352,9 +359,13 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if kind and not self.dynamic:
             return  # a finite step at a static scale changes nothing worth a line
         if _in_xla_context(tf.compat.v1.get_default_graph()):
-            return  # XLA cannot call the host; LossScaleMonitor / host_check() log instead.
+            self._host_blind = True  # XLA cannot call the host; `fit`'s end, LossScaleMonitor, host_check() do
+            if self.on_min_scale == "raise" and not self._xla_warned:
+                self._xla_warned = lso_settings.warn_raise_under_xla(self.name)
+            return
         if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
-            return  # once per replica would repeat lines; the host check logs instead.
+            self._host_blind = True  # once per replica would repeat lines; the host checks log instead
+            return
         # Only a real change, or a streak at min_scale that `on_min_scale` must act on, calls the
         # host: a scale pinned at max_scale would otherwise cost a round trip per growth interval.
         needed = ops.not_equal(old_scale, new.scale)
@@ -377,6 +388,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         applies `on_min_scale`, and returns the values as Python numbers."""
         if not self.built:
             return {}
+        loaded_state.repair_total_steps(self)
         state = {
             "loss_scale": float(ops.convert_to_numpy(self.dynamic_scale)),
             "overflow_count": int(ops.convert_to_numpy(self._overflow_count)),

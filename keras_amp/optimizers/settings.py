@@ -7,10 +7,12 @@ float16 one.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from keras_amp import validation
 from keras_amp.optimizers import scale_rule, tiers
+from keras_amp.policy import AmpWarning
 
 ON_MIN_SCALE = ("warn", "raise", "ignore")
 # Base-optimizer arguments stock LossScaleOptimizer accepts (at their defaults) from old configs.
@@ -37,6 +39,13 @@ def check_known_kwargs(kwargs: dict[str, Any]) -> None:
             f"{', '.join(LEGACY_KWARGS)})")
 
 
+def check_name(name: Any) -> None:
+    """None or a string without "/": ValueError otherwise, the stock constructor's type and wording (a drop-in
+    subclass keeps its parent's exception types)."""
+    if name is not None and (not isinstance(name, str) or "/" in name):
+        raise ValueError(f"Argument `name` must be a string and cannot contain character `/`. Received: name={name!r}")
+
+
 def _check_steps(name: str, value: Any) -> int:
     # The counters compared with it are int64 variables (Keras's "int"): int64's range bounds it.
     return validation.check_int(name, value, min_value=1)
@@ -55,7 +64,7 @@ def check_arguments(*, initial_scale=None, dynamic_growth_steps=None, name=None,
     which accepts only their defaults.
     """
     validation.check_no_extra_kwargs("LossScaleOptimizer()", kwargs, LEGACY_KWARGS)
-    validation.check_type("name", name, (str, type(None)), "a string or None")
+    check_name(name)
     tiers.validate_tier(tier)
     settings = {
         "on_min_scale": validation.check_choice("on_min_scale", on_min_scale, ON_MIN_SCALE),
@@ -70,8 +79,9 @@ def check_arguments(*, initial_scale=None, dynamic_growth_steps=None, name=None,
         "min_scale": _optional(scale_rule.check_scale, "min_scale", min_scale),
         "max_scale": _optional(scale_rule.check_scale, "max_scale", max_scale),
     }
-    if tier == tiers.AUTO:  # the tier's values are known at build time: check what is known now
+    if tier == tiers.AUTO:  # the tier is known at build time: the values must suit whichever it is
         check_bounds(settings["dynamic"], explicit)
+        check_auto_bounds(settings["dynamic"], explicit)
     else:
         check_bounds(settings["dynamic"], resolve(explicit, tiers.tier_values(tier)), tier)
     return settings, explicit
@@ -95,3 +105,40 @@ def check_bounds(dynamic: bool, values: dict[str, Any], tier: Any = tiers.AUTO) 
             f"Received: initial_scale={init}, min_scale={lo}, max_scale={hi}"
             + ("" if tier == tiers.AUTO else f" (tier={tier!r})")
         )
+
+
+def check_auto_bounds(dynamic: bool, explicit: dict[str, Any]) -> None:
+    """tier="auto": the explicit values must lie within the bounds of every tier it may pick.
+
+    The tier is chosen at build (inside the first `fit` step), so a value that suits only some tiers
+    would fail there, or not, by model size. It fails here instead, naming the tiers it breaks and the
+    fix: a named `tier`, or explicit `min_scale` / `max_scale`, which then hold for every tier.
+    """
+    broken = []
+    for name, values in tiers.TIERS.items():
+        try:
+            check_bounds(dynamic, resolve(explicit, values), name)
+        except ValueError:
+            broken.append(f"{name} [{values.min_scale:g}, {values.max_scale:g}]")
+    if broken:
+        given = ", ".join(f"{k}={explicit[k]}" for k in ("initial_scale", "min_scale", "max_scale") if explicit[k])
+        raise ValueError(
+            "With tier='auto', `initial_scale`, `min_scale` and `max_scale` must suit the bounds [min_scale, "
+            "max_scale] of every tier it may pick (the tier is chosen at build, by parameter count): "
+            f"{'they fit no tier' if len(broken) == len(tiers.TIERS) else 'they do not fit'}: {'; '.join(broken)}. "
+            f"Received: {given}. Allowed: a named `tier`, or explicit `min_scale`/`max_scale` around "
+            "`initial_scale`")
+
+
+def warn_raise_under_xla(name: str) -> bool:
+    """Warns (`AmpWarning`) that on_min_scale="raise" cannot stop an XLA-compiled step; returns True.
+
+    "warn" needs no notice: its warning comes when `fit` ends, or at a `LossScaleMonitor` log point.
+    """
+    warnings.warn(
+        f"LossScaleOptimizer {name!r}: the step is compiled with XLA (jit_compile=True, Keras's 'auto' on a "
+        "GPU), which cannot call the host, so on_min_scale='raise' cannot stop training inside the step: `fit` "
+        "raises MinScaleError when it ends. To stop earlier, attach keras_amp.callbacks.LossScaleMonitor (checks "
+        "every `update_freq` batches), call `optimizer.host_check()` in a custom loop, or compile with "
+        "jit_compile=False.", AmpWarning, stacklevel=3)
+    return True

@@ -16,9 +16,8 @@ from keras_amp.policy import AmpWarning
 # conversion, so the tier's values apply instead.
 _STOCK_DEFAULTS = {"initial_scale": 2.0**15, "dynamic_growth_steps": 2000}
 # What **kwargs may hold: LossScaleOptimizer's own arguments.
-_WRAP_KWARGS = tuple(
-    p for p in inspect.signature(LossScaleOptimizer.__init__).parameters if p not in ("self", "inner_optimizer", "tier", "kwargs")
-)
+_WRAP_KWARGS = tuple(p for p in inspect.signature(LossScaleOptimizer.__init__).parameters
+                     if p not in ("self", "inner_optimizer", "tier", "kwargs"))
 
 
 def wrap(optimizer, tier: str | None = "auto", *, force: bool = False,
@@ -88,6 +87,12 @@ def wrap(optimizer, tier: str | None = "auto", *, force: bool = False,
             if value != default:
                 kwargs.setdefault(key, value)
         kwargs.setdefault("name", optimizer.name)
+        try:  # the carried-over values against `tier`: here, not inside the first `fit` step
+            lso_settings.check_arguments(tier=tier, **kwargs)
+        except ValueError as error:
+            raise ValueError(
+                f"{error}. The values come from the stock LossScaleOptimizer {optimizer.name!r} (stock has no "
+                "bounds); wrap it with tier=None (bounds [1, 2**24]) or pass `min_scale`/`max_scale`") from error
         optimizer = optimizer.inner_optimizer
     if not _compat.warn_off(_compat.LSO):  # stock loss scaling, without the floor or the counters
         stock = {k: kwargs[k] for k in ("initial_scale", "dynamic_growth_steps", "name") if k in kwargs}

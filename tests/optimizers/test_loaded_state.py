@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from keras_amp.optimizers import LossScaleOptimizer, loaded_state
 from tests.helpers import built_optimizer as _setup, step_runner as _runner
@@ -97,3 +98,42 @@ def test_static_scale_is_never_clamped():
     _, opt = _setup(dynamic=False, initial_scale=2.0**30, max_scale=2.0**24)
     loaded_state.clamp_scale(opt)
     assert opt.scale == 2.0**30
+
+
+@pytest.mark.parametrize("read_first", ["total_steps", "step"])
+def test_stock_tf_checkpoint_sets_total_steps_to_iterations_plus_overflows(tmp_path, read_first):
+    # Stock's checkpoint has no counters and its own `iteration`, restored into our total_steps, stays 0.
+    stock = _trained(keras.optimizers.LossScaleOptimizer, [1.0, INF, 1.0, 1.0])
+    assert int(stock.iterations.numpy()) == 3 and int(stock._iterations.numpy()) == 0  # guard: the gap to fill
+    path = tf.train.Checkpoint(optimizer=stock).write(str(tmp_path / "ckpt"))
+    v, opt = _setup(inner=keras.optimizers.Adam(0.01), initial_scale=64.0)
+    status = tf.train.Checkpoint(optimizer=opt).read(path)
+    with pytest.raises(AssertionError, match="overflow_count"):  # guard: the counters are not in it
+        status.assert_existing_objects_matched()
+    if read_first == "step":  # the step itself counts from iterations + overflow_count
+        _runner(opt, v, "tf_function")(1.0)
+        assert int(opt._iterations.numpy()) == 4
+    assert int(opt.total_steps.numpy()) == int(opt.iterations.numpy()) + int(opt.overflow_count.numpy())
+    assert int(opt.iterations.numpy()) == 3 + (read_first == "step")
+
+
+def test_our_tf_checkpoint_keeps_total_steps_with_its_overflows(tmp_path):
+    saved = _trained(LossScaleOptimizer, [1.0, INF, INF, 1.0])
+    path = tf.train.Checkpoint(optimizer=saved).write(str(tmp_path / "ckpt"))
+    _, opt = _setup(inner=keras.optimizers.Adam(0.01), initial_scale=64.0)
+    tf.train.Checkpoint(optimizer=opt).read(path)
+    assert (int(opt.total_steps.numpy()), int(opt.iterations.numpy()), int(opt.overflow_count.numpy())) == (4, 2, 2)
+
+
+def test_peek_reads_our_layout_and_stocks_and_declines_an_unbuilt_save():
+    ours = _store(_trained(LossScaleOptimizer, [1.0, INF, 1.0]))
+    stock = _store(_trained(keras.optimizers.LossScaleOptimizer, [1.0, INF, 1.0]))
+    unbuilt = _store(LossScaleOptimizer(keras.optimizers.Adam(0.01), initial_scale=64.0))
+    as_arrays = lambda store: {k: np.asarray(v) for k, v in store.items()}  # noqa: E731
+    assert loaded_state.peek(as_arrays(ours)) == dict(
+        loss_scale=32.0, total_steps=3, iterations=2, overflow_count=1, consecutive_overflows=0,
+        overflows_at_min_scale=0, inner_start=loaded_state.OWN_VARIABLES)
+    assert loaded_state.peek(as_arrays(stock)) == dict(
+        loss_scale=32.0, total_steps=2, iterations=2, overflow_count=0, consecutive_overflows=0,
+        overflows_at_min_scale=0, inner_start=loaded_state.STOCK_OWN_VARIABLES)
+    assert len(unbuilt) == 4 and loaded_state.peek(as_arrays(unbuilt)) is None

@@ -2,6 +2,7 @@
 
 import inspect
 import types
+import warnings
 
 import keras
 import numpy as np
@@ -9,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 from keras_amp.callbacks import LossScaleMonitor
-from keras_amp.optimizers import LossScaleOptimizer
+from keras_amp.optimizers import LossScaleOptimizer, MinScaleError
+from keras_amp.policy import AmpWarning
 from tests.helpers import built_optimizer as _setup, step_runner as _runner
 
 INF = float("inf")
@@ -167,7 +169,7 @@ def test_validation_inner_optimizer():
 def test_scale_before_build_is_the_initial_scale():
     for opt, expected in ((LossScaleOptimizer(keras.optimizers.SGD()), 2.0**15),
                           (LossScaleOptimizer(keras.optimizers.SGD(), tier="medium"), 2.0**12),
-                          (LossScaleOptimizer(keras.optimizers.SGD(), tier="auto", initial_scale=64.0), 64.0)):
+                          (LossScaleOptimizer(keras.optimizers.SGD(), tier="auto", initial_scale=2048.0), 2048.0)):
         assert not opt.built and type(opt.scale) is float and opt.scale == expected
         assert opt.initial_scale_for([keras.Variable(np.zeros((3,), "float32"))]) == expected
 
@@ -323,6 +325,72 @@ def test_load_weights_before_fit_builds_the_optimizer_resumes_in_fit(tmp_path):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
 
 
+def test_load_weights_before_build_reports_the_loaded_state_without_keras_false_warning(tmp_path):
+    # The state waits for build; meanwhile the public reads answer with it, and Keras's "Skipping
+    # variable loading" for the inner optimizer (restored at that build too) is kept back.
+    make = lambda: LossScaleOptimizer(keras.optimizers.Adam(1e-3), initial_scale=1024.0)  # noqa: E731
+    model, _ = _trained(tmp_path, make())
+    ref = model.optimizer
+    assert ref.scale != 1024.0 and int(ref.overflow_count.numpy()) > 0  # guard: state to carry over
+    path = str(tmp_path / "w.weights.h5")
+    model.save_weights(path)
+    fresh = _model()
+    fresh.compile(optimizer=make(), loss="mse")
+    opt = fresh.optimizer
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fresh.load_weights(path)
+    assert [str(w.message) for w in caught] == []
+    assert not opt.built and opt.scale == ref.scale
+    for name in ("iterations", "total_steps", "overflow_count", "consecutive_overflows", "overflows_at_min_scale"):
+        assert int(getattr(opt, name).numpy()) == int(getattr(ref, name).numpy()), name
+    # Saved again before build, the held state is kept; an eager step scales and unscales by it.
+    fresh.save_weights(path)
+    again = _model()
+    again.compile(optimizer=make(), loss="mse", run_eagerly=True)
+    again.load_weights(path)
+    x, y = _data()
+    for m in (model, again):
+        m.compile(optimizer=m.optimizer, loss="mse", run_eagerly=True)
+        m.fit(x[:8], y[:8], batch_size=8, verbose=0)
+    # A scale off by the 2x of one back-off would double the update; 1e-6 allows a float32 ulp.
+    for a, b in zip(again.weights + again.optimizer.variables, model.weights + ref.variables, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=0, err_msg=a.path)
+
+
+def test_load_weights_before_build_still_lets_keras_warn_for_plain_optimizers(tmp_path):
+    model = _model()
+    model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
+    x, y = _data()
+    model.fit(x[:8], y[:8], verbose=0)
+    model.save_weights(str(tmp_path / "w.weights.h5"))
+    fresh = _model()
+    fresh.compile(optimizer=keras.optimizers.Adam(), loss="mse")
+    with pytest.warns(UserWarning, match="Skipping variable loading for optimizer"):
+        fresh.load_weights(str(tmp_path / "w.weights.h5"))
+
+
+@pytest.mark.parametrize("on_min_scale", ["raise", "warn"])
+def test_xla_fit_applies_on_min_scale_when_it_ends(on_min_scale, caplog):
+    # XLA runs no host callback inside the step: `fit` checks when it ends, "raise" warns at trace.
+    keras.config.set_dtype_policy("mixed_float16")
+    model = _model()
+    opt = LossScaleOptimizer(keras.optimizers.SGD(1e-2), initial_scale=4.0, min_scale=2.0, on_min_scale=on_min_scale)
+    model.compile(optimizer=opt, loss="mse", jit_compile=True)
+    x, y = np.full((64, 4), np.inf, "float32"), np.zeros((64, 1), "float32")  # every step overflows
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if on_min_scale == "raise":
+            with pytest.raises(MinScaleError, match=r"consecutive steps overflowed at min_scale=2"):
+                model.fit(x, y, batch_size=4, verbose=0)
+        else:
+            model.fit(x, y, batch_size=4, verbose=0)
+            assert any("consecutive steps overflowed" in r.getMessage() for r in caplog.records)
+    assert int(opt.overflows_at_min_scale.numpy()) >= opt.min_scale_patience  # guard: the streak happened
+    xla = [str(w.message) for w in caught if issubclass(w.category, AmpWarning) and "XLA" in str(w.message)]
+    assert len(xla) == (on_min_scale == "raise") and all("LossScaleMonitor" in m for m in xla)
+
+
 def test_keras_round_trip_under_other_policy_keeps_state_stock_drops_it(tmp_path):
     (tmp_path / "stock").mkdir()
     stock_model, stock_path = _trained(tmp_path / "stock", keras.optimizers.Adam(1e-3))
@@ -427,8 +495,10 @@ def test_subnormal_min_scale_rejected_where_float32_would_make_it_zero():
     # float32 holds neither as a normal number: 1e-46 becomes 0.0, 1e-40 a subnormal. A zero floor
     # lets the scale reach 0, where the next step's 0/0 writes NaN weights.
     assert np.float32(1e-46) == 0.0 and np.float32(1e-40) < np.finfo(np.float32).tiny
-    with pytest.raises(ValueError, match=r"`min_scale` must be 0 or at least float32's smallest normal.*min_scale=1e-40"):
+    with pytest.raises(ValueError, match=r"`min_scale` must be at least float32's smallest normal.*min_scale=1e-40"):
         LossScaleOptimizer(keras.optimizers.SGD(), min_scale=1e-40)
+    with pytest.raises(ValueError, match=r"`min_scale` must be a number > 0.0"):  # 0 is not offered above
+        LossScaleOptimizer(keras.optimizers.SGD(), min_scale=0.0)
     with pytest.raises(ValueError, match=r"min_scale=1e-46"):
         LossScaleOptimizer(keras.optimizers.SGD(), min_scale=1e-46)
     # The smallest normal float32 is accepted and holds as a floor.

@@ -78,13 +78,39 @@ def test_out_of_bounds_initial_scale_names_the_tier_bounds_it_broke():
         settings.check_arguments(initial_scale=8.0, tier="medium")
 
 
-def test_auto_tier_checks_only_the_bounds_known_before_build():
-    # The tier's bounds come at build: an initial scale above every tier's max passes for now ...
-    _, explicit = settings.check_arguments(tier="auto", initial_scale=2.0**30)
-    assert explicit["initial_scale"] == 2.0**30
-    # ... but explicit bounds it breaks are known already.
+def test_auto_tier_checks_the_explicit_bounds_first():
     with pytest.raises(ValueError, match=r"initial_scale=1073741824.0, min_scale=None, max_scale=1024.0$"):
         settings.check_arguments(tier="auto", initial_scale=2.0**30, max_scale=1024.0)
+
+
+@pytest.mark.parametrize("kwargs, why", [
+    (dict(initial_scale=0.5), r"they fit no tier: small \[1, 65536\]; medium \[256, 131072\]; large \[1024, 262144\]"),
+    (dict(initial_scale=2.0**20), r"they fit no tier: .*Received: initial_scale=1048576.0\."),
+    (dict(initial_scale=2.0**17), r"they do not fit: small \[1, 65536\]\. Received: initial_scale=131072.0\."),
+    (dict(initial_scale=64.0), r"they do not fit: medium \[256, 131072\]; large \[1024, 262144\]\."),
+    (dict(min_scale=2.0**17), r"they fit no tier: .*Received: min_scale=131072.0\."),
+], ids=["below_every_floor", "above_every_ceiling", "above_small_ceiling", "below_medium_floor", "min_above_ceiling"])
+def test_auto_tier_fails_at_construction_unless_the_values_suit_every_tier(kwargs, why):
+    # The tier is picked at build, inside the first `fit` step: a value that suits only some tiers
+    # would fail there for some model sizes. It fails here, for every size.
+    with pytest.raises(ValueError, match=r"With tier='auto'.*every tier it may pick.*" + why):
+        settings.check_arguments(tier="auto", **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [dict(initial_scale=1024.0), dict(initial_scale=65536.0),
+                                    dict(initial_scale=2.0**17, max_scale=2.0**18),
+                                    dict(initial_scale=2.0, min_scale=1.0), dict(initial_scale=2.0**20, dynamic=False)],
+                         ids=["every_floor", "every_ceiling", "own_ceiling", "own_floor", "static"])
+def test_auto_tier_accepts_values_that_suit_every_tier(kwargs):
+    settings.check_arguments(tier="auto", **kwargs)
+
+
+def test_name_errors_are_value_errors_like_stock():
+    for name in (3, "a/b"):
+        with pytest.raises(ValueError, match=r"Argument `name` must be a string and cannot contain character `/`"):
+            settings.check_arguments(name=name)
+        with pytest.raises(ValueError):
+            keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(), name=name)
 
 
 def test_a_static_scale_ignores_the_bounds_but_not_their_order():

@@ -51,6 +51,20 @@ def test_converts_unbuilt_stock_optimizer_carrying_non_defaults():
     assert (opt.initial_scale, opt.dynamic_growth_steps, opt.name) == (4096.0, 100, "mine")
 
 
+@pytest.mark.parametrize("make, match", [
+    (lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(), initial_scale=2.0**20),
+     r"they fit no tier.*initial_scale=1048576.0.*from the stock LossScaleOptimizer .*tier=None"),
+    (lambda: keras.optimizers.Adam(), r"they do not fit: small \[1, 65536\]\. Received: initial_scale=131072.0"),
+], ids=["stock_initial_scale_above_every_tier", "initial_scale_above_small"])
+def test_auto_tier_values_that_fail_some_model_size_fail_in_wrap_not_in_fit(make, match):
+    keras.config.set_dtype_policy("mixed_float16")
+    kwargs = {} if isinstance(make(), keras.optimizers.LossScaleOptimizer) else {"initial_scale": 2.0**17}
+    with pytest.raises(ValueError, match=match):
+        wrap(make(), **kwargs)
+    # Under tier=None (bounds [1, 2**24]) both are valid.
+    assert wrap(make(), tier=None, **kwargs).initial_scale == kwargs.get("initial_scale", 2.0**20)
+
+
 def test_refuses_built_stock_optimizer():
     keras.config.set_dtype_policy("mixed_float16")
     stock = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
