@@ -86,7 +86,10 @@ def _next_state(op_type: str, state: str) -> str | None:
 
 # A walk longer than this is no attention or normalisation chain: left alone.
 _MAX_OPS = 400
-_FLOAT16_MAX = float(np.finfo(np.float16).max)
+# A 16-bit infinite constant in a score chain (a mask bias that overflowed, `(1 - mask) * -1e9` in
+# float16) becomes this in float32: finite, so `0 * it` stays 0, and below any float32 score with room
+# to be scaled or added a few times over (float16's -65504 was not: float32 scores pass it).
+_MASK_EXTREME = float(np.finfo(np.float32).max) / 1024
 _WEIGHT_PATH = ("Cast", "Identity", "Reshape", "Transpose", "ExpandDims", "Squeeze")
 
 
@@ -119,11 +122,11 @@ def _infinite_constant(t: tf.Tensor) -> bool:
 
 
 def _up(t: tf.Tensor) -> tf.Tensor:
-    """`t` in float32 (a 16-bit infinite constant as the finite float16 extreme)."""
+    """`t` in float32 (a 16-bit infinite constant as a finite float32 extreme, `_MASK_EXTREME`)."""
     if not _low(t):
         return t
     if _infinite_constant(t):
-        value = np.clip(tf.get_static_value(t).astype(np.float32), -_FLOAT16_MAX, _FLOAT16_MAX)
+        value = np.clip(tf.get_static_value(t).astype(np.float32), -_MASK_EXTREME, _MASK_EXTREME)
         return tf.constant(value, tf.float32)
     return tf.cast(t, tf.float32)
 

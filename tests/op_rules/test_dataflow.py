@@ -175,6 +175,29 @@ def test_float16_mask_constant_stays_finite_stock_gives_nan():
     np.testing.assert_allclose(p, np.broadcast_to([0.5, 0.5, 0.0], (1, 3, 3)), atol=0, rtol=0)
 
 
+def test_float16_mask_constant_stays_below_float32_scores_past_65504():
+    # Scores of 5e4-2e5 in float32: float16's -65504 as the mask value had left the future positions
+    # winning the softmax (all probability masked, finite: no signal). Reference: float64.
+    t, d = 4, 8
+    q = np.full((1, t, d), 30.0)
+    k = np.arange(1, t + 1, dtype=np.float64)[None, :, None] * np.full((1, t, d), 600.0)
+    causal = np.tril(np.ones((t, t)))
+
+    def masked(q, k):
+        m = ops.cast(causal, q.dtype)
+        return ops.softmax(ops.matmul(q, ops.transpose(k, (0, 2, 1))) / np.sqrt(d) + (1.0 - m) * -1e9)
+
+    s = q @ k.transpose(0, 2, 1) / np.sqrt(d) + (1.0 - causal) * -1e9
+    ref = np.exp(s - s.max(-1, keepdims=True))
+    ref /= ref.sum(-1, keepdims=True)
+    keras_amp.enable("mixed_float16")
+    args = [tf.constant(v, tf.float16) for v in (q, k)]
+    op_rules.uninstall()
+    assert np.isnan(tf.function(masked)(*args).numpy()).all()  # stock: the scores overflow
+    op_rules.install("float16")
+    np.testing.assert_allclose(tf.function(masked)(*args).numpy(), ref, rtol=0, atol=1e-3)
+
+
 def _rms_norm(h):
     variance = ops.mean(ops.square(h), axis=-1, keepdims=True)  # keras-hub T5LayerNorm
     return h * ops.rsqrt(variance + 1e-6)
