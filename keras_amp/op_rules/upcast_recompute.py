@@ -128,10 +128,14 @@ def upcast_recompute_moments(original: Callable) -> Callable:
         ori_dtype = x.dtype
         x = tf.cast(x, tf.float32)
         mean, variance = _float32_moments(x, x16, _axes(axes, x.shape.rank), keepdims)
-        if ori_dtype in _16BIT:
+        if ori_dtype == tf.float16:
             # Keras's contract for 16-bit inputs: statistics clipped to float16's range and cast back.
             mean = tf.cast(tf.clip_by_value(mean, tf.float16.min, tf.float16.max), ori_dtype)
             variance = tf.cast(tf.clip_by_value(variance, tf.float16.min, tf.float16.max), ori_dtype)
+        elif ori_dtype in _16BIT:
+            # bfloat16 has float32's range: Keras's clip to float16's (a variance of 7.5e4 read as 65504,
+            # a custom LayerNorm's output off by 0.37 in 2.6) would only cut statistics it can hold.
+            mean, variance = tf.cast(mean, ori_dtype), tf.cast(variance, ori_dtype)
         return mean, variance
 
     moments.__name__ = moments.__qualname__ = original.__name__

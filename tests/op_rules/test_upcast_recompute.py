@@ -135,6 +135,21 @@ def test_moments_are_keras_and_gradients_match_float64(dtype, upcast, keepdims):
     _close(grads[0], ref[0], ROUNDING[dtype], "dx")
 
 
+def test_bfloat16_variance_past_float16s_range_is_kept_stock_clips_it_at_65504():
+    # A custom LayerNorm on ops.moments with |x| ~ 300: the variance ~ 7.5e4. bfloat16 holds it; Keras
+    # clips it to float16's maximum for any 16-bit input. float16 keeps Keras's clip (it cannot hold it).
+    name = "keras.src.backend.tensorflow.nn.moments"
+    x, x64 = _data((4, 64), tf.bfloat16, loc=0.0, scale=280.0, seed=3)
+    want = np.var(x64.numpy(), axis=-1)
+    assert want.min() > 65504  # guard: past float16's range
+    _, stock = _original(name)(x, [1])
+    _, ours = _replacement(name)(x, [1])
+    assert ours.dtype == tf.bfloat16 and np.all(stock.numpy().astype(np.float64) == 65536.0)  # 65504, rounded
+    np.testing.assert_allclose(ours.numpy().astype(np.float64), want, rtol=2.0**-8, atol=0)
+    _, ours16 = _replacement(name)(tf.cast(x, tf.float16), [1])
+    assert np.all(ours16.numpy().astype(np.float64) == 65504.0)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("masked", [False, True])
 def test_batch_normalization_layer_trains_as_stock_and_gradients_match_float64(dtype, masked, unfused):
