@@ -163,8 +163,9 @@ RULES: tuple[Rule, ...] = (
          "gradient without two passes over the activation (Keras casts a normalisation's float32 result "
          "back to the compute dtype)"),
     Rule("moments", "normalization", "float32", "input dtype", BOTH, "keras_amp", (f"{TF_NN}.moments",),
-         "Keras casts 16-bit inputs to float32 (its float16 variance is clipped at 65504); the "
-         "rule computes the same ops. " + LEAN),
+         "Keras casts 16-bit inputs to float32 and clips the statistics to float16's range, bfloat16's too "
+         "(a variance of 7.5e4 comes back as 65536); the rule computes the same ops and clips float16's "
+         "only. " + LEAN),
     Rule("layer_normalization", "normalization", "float32", "input dtype", BOTH, "keras_amp",
          ("keras.src.ops.nn._layer_normalization",),
          "Keras computes it in float32; the rule computes the same ops (over the last axis on a CPU with oneDNN, "
