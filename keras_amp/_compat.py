@@ -109,6 +109,7 @@ PINS: tuple[Pin, ...] = (
     Pin("keras.src.ops.nn._layer_normalization", "67b9792af8800337", (OP_LEAN,)),
     Pin("keras.src.ops.nn._normalize", "6d45ce2adc62638f", (OP_RULES,)),
     Pin("keras.src.backend.tensorflow.numpy.std", "06356e76fd7e60f7", (OP_RULES,)),
+    Pin("keras.src.backend.tensorflow.linalg.norm", "d17a0da5a6a64810", (OP_RULES,)),
     Pin("keras.src.backend.tensorflow.numpy.arange", "9c656b29403a9806", (OP_RULES,)),
     Pin("keras.src.backend.tensorflow.nn.gelu", "edb8d0940a01c8d5", (OP_LEAN,)),
     Pin("keras.src.backend.tensorflow.nn.silu", "5c8ba702568877a6", (OP_LEAN,)),

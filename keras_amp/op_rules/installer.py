@@ -83,6 +83,7 @@ _FACTORIES: dict[str, Callable | None] = {
     f"{_OPS_NN}._layer_normalization": upcast_recompute_layer_normalization,
     f"{_OPS_NN}._normalize": float32_input_dtype,
     "keras.src.backend.tensorflow.numpy.std": float32_input_dtype,
+    "keras.src.backend.tensorflow.linalg.norm": float32_input_dtype,
     "keras.src.backend.tensorflow.numpy.arange": float16_arange,
     f"{TF_NN}.gelu": upcast_recompute_gelu,
     f"{TF_NN}.silu": graph_freeing_silu,

@@ -175,6 +175,10 @@ RULES: tuple[Rule, ...] = (
          "the sum of squares overflows float16 (|x| ~ 300 over 64 entries): stock returns zeros"),
     Rule("std", "reduction", "float32", "input dtype", FLOAT16, "keras_amp", ("keras.src.backend.tensorflow.numpy.std",),
          "squared deviations overflow float16; Keras upcasts var but not std"),
+    Rule("norm", "reduction", "float32", "input dtype", FLOAT16, "keras_amp",
+         ("keras.src.backend.tensorflow.linalg.norm",),
+         "Keras computes it with TensorFlow ops in the input dtype: the sum of squares overflows float16 (|x| ~ 300 "
+         "over 64 entries: stock returns inf)"),
     Rule("arange with dtype float16", "", "float32", "input dtype", FLOAT16, "keras_amp",
          ("keras.src.backend.tensorflow.numpy.arange",),
          "TF has no float16 Range kernel: in a graph, `ops.arange(..., dtype=\"float16\")` fails at graph "
@@ -263,6 +267,10 @@ NOT_REACHED = (
     "as written; the audit names the matmul in 16 bits. Roots written as `x ** -0.5` or "
     "`1 / x ** 0.5` are not recognised as statistics (the audit lists Pow in float16 as an "
     "exp-type hazard)",
+    "scores that pass through a matmul by a weight before the softmax (talking-heads attention mixing its "
+    "heads with a learned matrix: the walk stops there, and the audit reports no 16-bit QK^T), and "
+    "probabilities written without a softmax: `exp(s - logsumexp(s))`, which `keras.layers.Softmax` "
+    "computes over two or more axes (`check_model` names the Exp's layer, not the QK^T before it)",
     "fused RNN kernels (cuDNN) and flash attention (`flash_attention=True` on "
     "MultiHeadAttention, the user's explicit choice of a fused kernel; the TensorFlow backend has "
     "none for `ops.dot_product_attention`)",

@@ -112,6 +112,16 @@ def test_reduction_kind_std():
     np.testing.assert_allclose(float(ops.std(f16(x))), x.std(), rtol=1e-3)  # float16 ulp at 1: 1e-3
 
 
+def test_reduction_kind_norm():
+    x = 300.0 + np.arange(64, dtype=np.float64).reshape(1, 64)  # sum of squares ~ 7e6 > 65504
+    ref = np.linalg.norm(x, axis=-1)
+    assert np.isinf(ops.norm(f16(x), axis=-1).numpy()).all()  # stock float16: the sum of squares overflows
+    op_rules.install("float16")
+    ours = ops.norm(f16(x), axis=-1)
+    assert ours.dtype == tf.float16
+    np.testing.assert_allclose(ours.numpy().astype(np.float64), ref, rtol=2.0**-11)  # one float16 rounding
+
+
 def test_loss_kind_float32_results():
     # float16: a per-element loss below 6e-8 flushes to 0; bfloat16 rounds it to 8 bits.
     ref = np.log1p(np.exp(-20.0))
