@@ -35,7 +35,7 @@ def float32_weights(model, optimizer=None):
             index = lean.variable_index(v) if master is not None else None
             # A weight made lean under an optimizer the model no longer trains with: its recorded
             # master, and its 16-bit value back as it was (the compensation is left as it is).
-            before = None if master is not None or storage.lean_master(v) is None else v._value.read_value()
+            before = None if master is not None or not storage.is_marked_lean(v) else v._value.read_value()
             storage.set_storage(v, "float32", master if before is None else storage.lean_master(v))
             changed.append((v, dtype, index, before))
     try:

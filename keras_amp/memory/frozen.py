@@ -130,7 +130,7 @@ def prepare(model, optimizer=None, *, frozen_weights: str | None = None) -> Prep
             storage.set_storage(v, "float32")
             v._keras_amp_frozen_16bit = False
             thawed.append(v.path)
-        elif storage.lean_master(v) is not None and not (lean is not None and lean.keeps_16bit(v)):
+        elif storage.is_marked_lean(v) and not (lean is not None and lean.keeps_16bit(v)):
             # Made lean by another optimizer (the model was compiled again): its float32 master goes
             # to this one, or back into float32 storage for one that is not a LeanAdam.
             storage.set_storage(v, "float32", storage.lean_master(v))

@@ -114,9 +114,9 @@ def mark_lean(variable, kind: str, compensation) -> None:
 
 def lean_master(variable):
     """`variable`'s float32 master where `mark_lean` recorded one (as a float32 tensor), else None."""
-    entry = getattr(variable, "_keras_amp_lean", None)
-    if entry is None:
+    if not is_marked_lean(variable):
         return None
+    entry = variable._keras_amp_lean
     value = tf.convert_to_tensor(variable._value)
     if value.dtype == tf.float32:  # inside `float32_weights`: the master itself
         return value
@@ -126,6 +126,11 @@ def lean_master(variable):
     if kind == "kahan":
         return bits.kahan_join(value, tf.convert_to_tensor(low))
     return tf.cast(value, tf.float32)
+
+
+def is_marked_lean(variable) -> bool:
+    """Whether `mark_lean` recorded a master for `variable` (no computation)."""
+    return getattr(variable, "_keras_amp_lean", None) is not None
 
 
 def unmark_lean(variable) -> None:

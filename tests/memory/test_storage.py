@@ -60,7 +60,7 @@ def test_lean_master_joins_the_16bit_value_with_the_recorded_compensation(kind, 
 
     x = np.random.default_rng(0).normal(size=(64,)).astype("float32") * 3.0
     v = keras.Variable(x)
-    assert memory.storage.lean_master(v) is None  # nothing recorded: not lean
+    assert memory.storage.lean_master(v) is None and not memory.storage.is_marked_lean(v)  # not lean
     if kind == "split":
         hi, low = bits.split(tf.constant(x))
     elif kind == "kahan":
@@ -69,6 +69,7 @@ def test_lean_master_joins_the_16bit_value_with_the_recorded_compensation(kind, 
         hi, low = tf.cast(x, dtype), None
     memory.set_storage(v, dtype, hi)
     memory.storage.mark_lean(v, kind, low)
+    assert memory.storage.is_marked_lean(v)
     got = memory.storage.lean_master(v).numpy()
     x64, err = x.astype("float64"), np.abs(got.astype("float64") - x.astype("float64"))
     if kind == "split":
@@ -77,4 +78,4 @@ def test_lean_master_joins_the_16bit_value_with_the_recorded_compensation(kind, 
         ulp = np.abs(x64) * (2.0 ** -10 if dtype == "float16" else 2.0 ** -7)
         assert np.all(err <= (ulp * 2.0 ** -8 if kind == "kahan" else ulp)), err.max()
     memory.storage.unmark_lean(v)
-    assert memory.storage.lean_master(v) is None
+    assert memory.storage.lean_master(v) is None and not memory.storage.is_marked_lean(v)
