@@ -44,6 +44,7 @@ import tensorflow as tf
 from keras_amp import _compat, validation
 from keras_amp.memory import storage
 from keras_amp.numerics import adam16, bits
+from keras_amp.optimizers import loaded_state
 from keras_amp.policy import AmpWarning
 
 COMPENSATIONS = ("split", "kahan", "stochastic", "none")
@@ -95,6 +96,7 @@ class LeanAdam(keras.optimizers.Adam):
         self._kinds = []  # by variable index: (kind, dtype) for a lean weight, else None
         self._low = []  # by variable index: the compensation variable, or None
         self._as_adam = False  # set while `_build_as_adam` builds on weights none of which is lean
+        self._deferred_state = None  # a store loaded before build: assigned at build
 
     def get_config(self):
         return {**super().get_config(), "compensation": self.compensation, "moments": self.moments,
@@ -163,11 +165,8 @@ class LeanAdam(keras.optimizers.Adam):
     def save_own_variables(self, store):
         """Keras's saving; state loaded and not yet assigned (the optimizer not built since) is
         saved as it was loaded, not dropped."""
-        deferred = getattr(self, "_deferred_state", None)
-        if self.built or deferred is None:
-            return super().save_own_variables(store)
-        for key, value in deferred.items():
-            store[key] = value
+        if not loaded_state.save_held(self, store):
+            super().save_own_variables(store)
 
     def build(self, var_list):
         if self.built:
@@ -206,7 +205,7 @@ class LeanAdam(keras.optimizers.Adam):
                     compensation.assign(tf.cast(low, compensation.dtype))
             storage.mark_lean(v, kind, compensation)
             self._low.append(compensation)
-        deferred = getattr(self, "_deferred_state", None)
+        deferred = self._deferred_state
         if deferred is not None:
             self._deferred_state = None
             self.built = True
@@ -227,7 +226,7 @@ class LeanAdam(keras.optimizers.Adam):
         them (float32 moments), as a float32 layer's weights do beside lean ones. Warns: nothing is lean.
         Refuses where state loaded from a file waits for 16-bit weights (2-byte arrays: 16-bit moments or
         compensations), which a float32 build would drop."""
-        deferred = getattr(self, "_deferred_state", None) or {}
+        deferred = self._deferred_state or {}
         if any(getattr(value, "dtype", None) is not None and value.dtype.itemsize == 2 for value in deferred.values()):
             raise ValueError(
                 f"LeanAdam {self.name!r} holds state loaded from a file for weights stored in 16 bits: call "
@@ -245,16 +244,6 @@ class LeanAdam(keras.optimizers.Adam):
                 self.build(var_list)
         finally:
             self._as_adam = False
-
-    def _master(self, variable):
-        index = self._get_variable_index(variable)
-        kind, low = self._kinds[index][0], self._low[index]
-        value = tf.convert_to_tensor(variable)
-        if kind == "split":
-            return bits.join(value, tf.convert_to_tensor(low))
-        if kind == "kahan":
-            return bits.kahan_join(value, tf.convert_to_tensor(low))
-        return _f32(value)
 
     def _store(self, variable, new, seed):
         index = self._get_variable_index(variable)
@@ -276,7 +265,7 @@ class LeanAdam(keras.optimizers.Adam):
         """id(variable) -> its float32 master, for every weight this optimizer keeps in 16 bits."""
         if not self.built:
             return {}
-        return {id(v): self._master(v) for v in self._trainable_variables if self._is_lean(v)}
+        return {id(v): storage.lean_master(v) for v in self._trainable_variables if self._is_lean(v)}
 
     def variable_index(self, variable) -> int:
         return self._get_variable_index(variable)
