@@ -104,6 +104,7 @@ PINS: tuple[Pin, ...] = (
     Pin("keras.src.backend.tensorflow.nn.softmax", "db2c578ff3a26c2e", (OP_RULES,)),
     Pin("keras.src.backend.tensorflow.nn.log_softmax", "7877ebb97ae1ce8f", (OP_RULES,)),
     Pin("keras.src.backend.tensorflow.math.logsumexp", "715367831b0891ce", (OP_RULES,)),
+    Pin("keras.src.backend.tensorflow.numpy.exp", "4fa4caca033c9a58", (OP_RULES,)),
     Pin("keras.src.backend.tensorflow.nn.batch_normalization", "1cc80ed9bad6ea79", (OP_RULES, OP_LEAN,)),
     Pin("keras.src.backend.tensorflow.nn.moments", "57bcc01c34d85f72", (OP_LEAN,)),
     Pin("keras.src.ops.nn._layer_normalization", "67b9792af8800337", (OP_LEAN,)),

@@ -21,9 +21,9 @@ layer's code expects. `x * rsqrt(mean(x**2) + eps)` (T5's and other RMS norms) a
 `(x - mean) / sqrt(var + eps)` written with `keras.ops` are both covered.
 
 A 16-bit constant that is infinite on such a path (keras-hub T5's `(1 - mask) * -1e9`, which
-float16 rounds to -inf, and 0 * -inf is NaN) is rebuilt as the finite float16 extreme
-(+-65504) in float32: that is the value a saturating conversion would have given, and the mask
-still removes the position (exp(-65504) is 0).
+float16 rounds to -inf, and 0 * -inf is NaN) is rebuilt in float32 as float32's largest finite
+value / 1024 (`_MASK_EXTREME`, with its sign): finite, so `0 * it` is 0, and below any float32 score,
+so the mask still removes the position.
 
 Nothing here reads a class, layer or attribute name. In eager execution there is no graph to
 read, so these two rules do nothing there (the op-level softmax and normalisation rules still
@@ -93,7 +93,8 @@ _MASK_EXTREME = float(np.finfo(np.float32).max) / 1024
 _WEIGHT_PATH = ("Cast", "Identity", "Reshape", "Transpose", "ExpandDims", "Squeeze")
 
 
-def _graph_tensor(x: Any) -> bool:
+def graph_tensor(x: Any) -> bool:
+    """Whether `x` is a tensor of a graph being traced (it has a producing op to read)."""
     return not tf.executing_eagerly() and isinstance(x, tf.Tensor) and hasattr(x, "op")
 
 
@@ -268,7 +269,7 @@ class _TooLong(Exception):
 
 
 def _run(x: Any, state: str, xla_scores: bool = True) -> tf.Tensor | None:
-    if not _graph_tensor(x) or not x.dtype.is_floating:
+    if not graph_tensor(x) or not x.dtype.is_floating:
         return None
     walk = _Walk(state, xla_scores)
     try:

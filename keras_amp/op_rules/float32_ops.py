@@ -7,6 +7,7 @@ float32 when given 16-bit inputs and calls the original unchanged otherwise. The
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 import keras
@@ -38,6 +39,15 @@ def float32_input_dtype(original: Callable) -> Callable:
     return rule
 
 
+def _logits(x: Any, xla_scores: bool) -> tf.Tensor | None:
+    """`x` in float32, rebuilt from its score matmuls where the dataflow walk finds them (`x` may then
+    be float32 itself, Keras having promoted it), else a 16-bit `x` cast up; None for any other `x`."""
+    logits = dataflow.float32_logits(x, xla_scores=xla_scores)
+    if logits is None and is_16bit(x):
+        logits = tf.cast(x, tf.float32)
+    return logits
+
+
 def float32_probabilities(original: Callable, *, xla_scores: bool) -> Callable:
     """softmax / log_softmax in float32, on float32 logits rebuilt from their score matmuls.
 
@@ -47,11 +57,9 @@ def float32_probabilities(original: Callable, *, xla_scores: bool) -> Callable:
     """
 
     def rule(x, axis=-1):
-        logits = dataflow.float32_logits(x, xla_scores=xla_scores)
+        logits = _logits(x, xla_scores)
         if logits is None:
-            if not is_16bit(x):
-                return original(x, axis=axis)
-            logits = tf.cast(x, tf.float32)
+            return original(x, axis=axis)
         output = tf.cast(original(logits, axis=axis), x.dtype)
         if original.__name__ == "softmax":
             # Keras's contract: a softmax output carries its logits, which the cross-entropies use.
@@ -60,6 +68,60 @@ def float32_probabilities(original: Callable, *, xla_scores: bool) -> Callable:
 
     rule.__name__ = rule.__qualname__ = original.__name__
     return rule
+
+
+# Per graph: the name of each tensor the logsumexp rule returned with `keepdims=True` -> (the name of its
+# input, its axis). `exp(x - logsumexp(x, axis, keepdims=True))` is a softmax over `axis` written out.
+_LOGSUMEXPS: "weakref.WeakKeyDictionary[Any, dict[str, tuple[str, Any]]]" = weakref.WeakKeyDictionary()
+
+
+
+
+def float32_logsumexp(original: Callable, *, xla_scores: bool) -> Callable:
+    """logsumexp in float32, on float32 logits rebuilt from their score matmuls (as the softmax
+    rule's); the result has `x`'s dtype. A graph result with `keepdims=True` is recorded, so that
+    the exp rule knows `exp(x - it)` for the softmax it is."""
+
+    def logsumexp(x, axis=None, keepdims=False):
+        logits = _logits(x, xla_scores)
+        if logits is None:
+            return original(x, axis=axis, keepdims=keepdims)
+        output = tf.cast(original(logits, axis=axis, keepdims=keepdims), x.dtype)
+        if keepdims and is_16bit(x) and dataflow.graph_tensor(x):
+            _LOGSUMEXPS.setdefault(output.graph, {})[output.name] = (x.name, axis)
+        return output
+
+    logsumexp.__name__ = logsumexp.__qualname__ = original.__name__
+    return logsumexp
+
+
+def _softmax_written_out(x: Any) -> tuple[tf.Tensor, Any] | None:
+    """(s, axis) when graph tensor `x` is `s - logsumexp(s, axis, keepdims=True)`, else None."""
+    if not (dataflow.graph_tensor(x) and is_16bit(x)) or x.op.type != "Sub":
+        return None
+    s, lse = x.op.inputs
+    name, axis = _LOGSUMEXPS.get(x.graph, {}).get(lse.name, (None, None))
+    return (s, axis) if name == s.name else None
+
+
+def float32_softmax_exp(original: Callable, *, xla_scores: bool) -> Callable:
+    """exp whose argument is `s - logsumexp(s, axis, keepdims=True)` (probabilities written without a
+    softmax: `keras.layers.Softmax` over two or more axes) computed as a float32 softmax over `axis`
+    of `s`, rebuilt from its score matmuls as the softmax rule's logits; one rounding to `x`'s dtype.
+    Any other exp is the original: its result's range is the hazard, which no cast back can fix."""
+
+    def exp(x):
+        found = _softmax_written_out(x)
+        if found is None:
+            return original(x)
+        s, axis = found
+        logits = _logits(s, xla_scores)
+        shifted = logits - tf.stop_gradient(tf.reduce_max(logits, axis=axis, keepdims=True))
+        e = tf.exp(shifted)
+        return tf.cast(e / tf.reduce_sum(e, axis=axis, keepdims=True), x.dtype)
+
+    exp.__name__ = exp.__qualname__ = original.__name__
+    return exp
 
 
 def float32_root(original: Callable) -> Callable:

@@ -34,8 +34,10 @@ from keras_amp.op_rules.float32_ops import (
     float32_input_dtype,
     float32_loss_rule,
     float32_loss_spec,
+    float32_logsumexp,
     float32_probabilities,
     float32_root,
+    float32_softmax_exp,
 )
 from keras_amp.op_rules.fused_batch_norm import fused_batch_normalization, fused_moments, round_trip_cast
 from keras_amp.op_rules.upcast_recompute import (
@@ -54,8 +56,10 @@ from keras_amp.op_rules.table import (
     CAST,
     DPA,
     EINSUM,
+    EXP,
     LAYER_CALL,
     LAYER_OPEN_SCOPE,
+    LOGSUMEXP,
     LOW_PRECISION,
     MATMUL,
     MHA_CALL,
@@ -73,7 +77,8 @@ _OPS_NN = "keras.src.ops.nn"
 _FACTORIES: dict[str, Callable | None] = {
     f"{TF_NN}.softmax": float32_probabilities,
     f"{TF_NN}.log_softmax": float32_probabilities,
-    "keras.src.backend.tensorflow.math.logsumexp": float32_input_dtype,
+    LOGSUMEXP: float32_logsumexp,
+    EXP: float32_softmax_exp,
     MHA_COMPUTE: mha_attention_rule,
     MHA_CALL: None,
     f"{TF_NN}.batch_normalization": lambda f: fused_batch_normalization(
@@ -133,7 +138,7 @@ ORIGINALS: dict[str, Callable] = {name: _compat.original(name) for name in _FACT
 
 # The rules with XLA kernels (attention scores, the sparse cross-entropy, gelu) take the trace-time option
 # `xla_scores` (`keras_amp.enable(xla_scores=...)`) as an argument, bound when they are built.
-_TAKE_XLA_SCORES = (f"{TF_NN}.softmax", f"{TF_NN}.log_softmax", MHA_COMPUTE, DPA,
+_TAKE_XLA_SCORES = (f"{TF_NN}.softmax", f"{TF_NN}.log_softmax", LOGSUMEXP, EXP, MHA_COMPUTE, DPA,
                     f"{TF_NN}.sparse_categorical_crossentropy", f"{TF_NN}.gelu")
 
 

@@ -81,6 +81,9 @@ NORM_STAT_OP = "rsqrt, sqrt of a normalisation statistic (a mean or sum of squar
 DOT_PRODUCT_ATTENTION_OP = "dot_product_attention"
 SQRT = "keras.src.backend.tensorflow.numpy.sqrt"
 RSQRT = "keras.src.backend.tensorflow.math.rsqrt"
+LOGSUMEXP = "keras.src.backend.tensorflow.math.logsumexp"
+EXP = "keras.src.backend.tensorflow.numpy.exp"
+SOFTMAX_EXP_OP = "exp(x - logsumexp(x, axis, keepdims=True))"
 DPA = f"{TF_NN}._dot_product_attention_xla"
 RULES: tuple[Rule, ...] = (
     Rule("softmax", "softmax", "float32", "input dtype", BOTH, "keras_amp", (f"{TF_NN}.softmax",),
@@ -97,8 +100,8 @@ RULES: tuple[Rule, ...] = (
          "product with float32 accumulation (XLA-compiled) and 16-bit gradient matmuls, the ops "
          "after it in float32; the 16-bit originals are left without a consumer and pruned. A "
          "16-bit infinite constant on the chain (T5's `(1 - mask) * -1e9` in float16) is rebuilt "
-         "as -65504. Value matmuls and Dense layers are not on such a path and keep the compute "
-         "dtype; eager execution has no graph to walk"),
+         "as float32's largest finite value / 1024. Value matmuls and Dense layers are not on such a "
+         "path and keep the compute dtype; eager execution has no graph to walk"),
     Rule(NORM_STAT_OP, "normalization", "float32", "input dtype", BOTH, "keras_amp", (RSQRT, SQRT),
          "found by dataflow: in graph mode a root whose argument comes (through + eps, a scale, "
          "E[x^2] - E[x]^2) from a mean or sum of squares or deviations, with a 16-bit op on that "
@@ -110,9 +113,14 @@ RULES: tuple[Rule, ...] = (
          "softmax, after a float16 overflow; the rule computes it as 16-bit products with float32 "
          "accumulation, then the same scale, bias, mask and float32 softmax, and the value "
          "einsum in the compute dtype"),
-    Rule("logsumexp", "softmax", "float32", "input dtype", BOTH, "keras_amp",
-         ("keras.src.backend.tensorflow.math.logsumexp",),
-         "TF sums exp(x - max) in the input dtype: inf in float16 past 65504 terms"),
+    Rule("logsumexp", "softmax", "float32", "input dtype", BOTH, "keras_amp", (LOGSUMEXP,),
+         "TF sums exp(x - max) in the input dtype: inf in float16 past 65504 terms; the logits are "
+         "the softmax rule's (score matmuls found by dataflow, rebuilt in float32)"),
+    Rule(SOFTMAX_EXP_OP, "softmax", "float32", "input dtype", BOTH, "keras_amp", (EXP,),
+         "probabilities written without a softmax (what `keras.layers.Softmax` computes over two or "
+         "more axes): in graph mode an exp of `x` minus the logsumexp rule's result for `x` is a float32 "
+         "softmax over that axis of the softmax rule's logits, rounded once; QK^T past 65504 made "
+         "`inf - inf` (NaN) in float16. Any other exp is the original"),
     Rule(ATTENTION_OP, "attention", "float32", "compute dtype",
          BOTH, "keras_amp", (MHA_COMPUTE,),
          "QK^T sums key_dim products: entries near 300 overflow float16 (NaN softmax); bfloat16 "
@@ -227,7 +235,8 @@ RULES: tuple[Rule, ...] = (
          "cast back cannot fix and a float32 result would change the op's dtype contract"),
     Rule("exp, expm1", "exp", "compute dtype", "input dtype", FLOAT16, "none", (),
          "TF evaluates them in float32 and rounds once; exp(x > 11.09) overflows the float16 "
-         "result itself, so the fix is a float32 layer (the audit names it)"),
+         "result itself, so the fix is a float32 layer (the audit names it); exp of `x - logsumexp(x)` "
+         "is a softmax (its own row)"),
     Rule("log, log1p, softplus, log_sigmoid", "", "compute dtype", "input dtype", (), "none", (),
          "the result fits the input's range and TF's kernels round once (measured <= 1 ulp)"),
     Rule("add, multiply, matmul, einsum, ... (mixed inputs)", "", "widest input", "widest", (), "keras", (),
@@ -268,9 +277,9 @@ NOT_REACHED = (
     "`1 / x ** 0.5` are not recognised as statistics (the audit lists Pow in float16 as an "
     "exp-type hazard)",
     "scores that pass through a matmul by a weight before the softmax (talking-heads attention mixing its "
-    "heads with a learned matrix: the walk stops there, and the audit reports no 16-bit QK^T), and "
-    "probabilities written without a softmax: `exp(s - logsumexp(s))`, which `keras.layers.Softmax` "
-    "computes over two or more axes (`check_model` names the Exp's layer, not the QK^T before it)",
+    "heads with a learned matrix: the walk stops there, and the audit reports no 16-bit QK^T); "
+    "probabilities written as `exp(s - logsumexp(s))` are reached only when the logsumexp is "
+    "`keras.ops.logsumexp(s, keepdims=True)` of the same `s`, subtracted directly",
     "fused RNN kernels (cuDNN) and flash attention (`flash_attention=True` on "
     "MultiHeadAttention, the user's explicit choice of a fused kernel; the TensorFlow backend has "
     "none for `ops.dot_product_attention`)",

@@ -1,5 +1,5 @@
-"""keras_amp.op_rules.float32_ops: the single-op float32 rules (softmax, log_softmax, logsumexp,
-normalisation, std, the losses, arange with dtype float16): stock 16-bit Keras fails, the rule holds;
+"""keras_amp.op_rules.float32_ops: the single-op float32 rules (softmax, log_softmax, logsumexp, a
+softmax written as exp(s - logsumexp(s)), normalisation, std, the losses, arange with dtype float16): stock 16-bit Keras fails, the rule holds;
 symbolic and eager dtypes agree. (The gelu rule's float32 forward and backward is
 `keras_amp.op_rules.upcast_recompute.upcast_recompute_gelu`; its overflow case is checked here with
 the other rule kinds.)"""
@@ -12,6 +12,7 @@ from keras import ops
 
 import keras_amp
 from keras_amp import op_rules
+from tests.helpers import live_ops
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:mixed_float16 requested:keras_amp.AmpWarning"),
@@ -188,3 +189,84 @@ def test_symbolic_and_eager_dtypes_match_for_every_rule():
     del symbolic[2], eager[2]
     assert symbolic == [t.dtype.name for t in eager]
     assert symbolic == ["float16"] * 4 + ["float32"] * 3 + ["float16"]  # losses float32, the rest the input's
+
+
+MIXED = {"mixed_float16": tf.float16, "mixed_bfloat16": tf.bfloat16}
+SCALE = 1.0 / 4096  # q.k ~7.2e5 (past float16's 65504), logits ~176 with differences ~1: smooth rows
+
+
+def _near_300(shape, seed):
+    # 300 + small even integers: exact in float16 and bfloat16.
+    return 300.0 + np.random.RandomState(seed).choice([-2, 0, 2], shape).astype(np.float64)
+
+
+def _over_two_axes(q, k):
+    # `keras.layers.Softmax` over two axes computes exp(s - logsumexp(s, axes, keepdims=True)).
+    return keras.layers.Softmax(axis=(-2, -1))(ops.einsum("bth,bsh->bts", q, k) * SCALE)
+
+
+def _softmax_over_two_axes(z):
+    e = np.exp(z - z.max(axis=(-2, -1), keepdims=True))
+    return e / e.sum(axis=(-2, -1), keepdims=True)
+
+
+@pytest.mark.parametrize("policy", MIXED)
+def test_softmax_written_as_exp_minus_logsumexp_is_float32_stock_is_not(policy):
+    dtype = MIXED[policy]
+    q, k = _near_300((2, 3, 8), 0), _near_300((2, 4, 8), 1)
+    ref = _softmax_over_two_axes(np.einsum("bth,bsh->bts", q, k) * SCALE)
+    assert (ref.max((-2, -1)) < 0.5).all()  # guard: smooth, where rounding shows
+    args = [tf.constant(a, dtype) for a in (q, k)]
+    keras_amp.enable(policy)
+    op_rules.uninstall()
+    stock = tf.function(_over_two_axes)(*args)
+    # float16: QK^T is inf, inf - inf NaN; bfloat16: logits ~176 round to multiples of 1.
+    assert np.nan_to_num(np.abs(stock.numpy().astype(np.float64) - ref), nan=1.0).max() > 0.2 * ref.max()
+    op_rules.install(dtype.name)
+    assert op_rules.rule_installed(op_rules.table.SOFTMAX_EXP_OP)
+    step = tf.function(_over_two_axes)
+    ours = step(*args)
+    assert ours.dtype == dtype
+    ulp = {"float16": 2.0**-11, "bfloat16": 2.0**-8}[dtype.name]
+    np.testing.assert_allclose(ours.numpy().astype(np.float64), ref, atol=ulp * ref.max(), rtol=0)  # one rounding
+    live = [op for op in live_ops(step.get_concrete_function(*args).graph) if op.type == "Exp"]
+    assert live and all(op.outputs[0].dtype == tf.float32 for op in live)  # the 16-bit exp is pruned
+
+
+def test_softmax_written_out_gradient_matches_float64():
+    q, k = _near_300((2, 3, 8), 0), _near_300((2, 4, 8), 1)
+    w = np.random.RandomState(2).normal(size=(2, 3, 4))
+    keras_amp.enable("mixed_float16")
+
+    @tf.function
+    def grad(q16, k16):  # activations, not variables: a matmul by a variable is a layer's, no score
+        with tf.GradientTape() as tape:
+            tape.watch(q16)
+            loss = tf.reduce_sum(tf.cast(_over_two_axes(q16, k16), tf.float32) * w)
+        return tape.gradient(loss, q16)
+
+    g = grad(tf.constant(q, tf.float16), tf.constant(k, tf.float16)).numpy().astype(np.float64)
+    p = _softmax_over_two_axes(np.einsum("bth,bsh->bts", q, k) * SCALE)
+    dz = p * (w - (w * p).sum(axis=(-2, -1), keepdims=True))  # through the softmax over both axes
+    ref = SCALE * np.einsum("bts,bsh->bth", dz, k)
+    assert np.abs(ref).max() > 1e-3  # guard: a gradient to compare
+    np.testing.assert_allclose(g, ref, atol=4e-3 * np.abs(ref).max(), rtol=0)
+
+
+def test_other_exps_and_eager_ones_are_the_original():
+    x = f16([[1.0, 2.0, 11.5], [0.5, -3.0, 4.0]])
+    other = f16([[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]])
+    forms = {
+        "plain": lambda x: ops.exp(x),  # exp(11.5) overflows float16: a range hazard, left alone
+        "another tensor's logsumexp": lambda x: ops.exp(x - ops.logsumexp(other, axis=-1, keepdims=True)),
+        "without keepdims": lambda x: ops.exp(x - ops.expand_dims(ops.logsumexp(x, axis=-1), -1)),
+    }
+    stock = {name: tf.function(f)(x).numpy() for name, f in forms.items()}
+    assert np.isposinf(stock["plain"][0, 2])
+    op_rules.install("float16")
+    for name, f in forms.items():
+        ours = tf.function(f)(x)
+        assert ours.dtype == tf.float16
+        np.testing.assert_array_equal(ours.numpy(), stock[name], err_msg=name)
+    eager = ops.exp(x - ops.logsumexp(x, axis=-1, keepdims=True))  # no graph to read: the original exp
+    np.testing.assert_array_equal(eager.numpy(), np.exp(x.numpy() - ops.logsumexp(x, axis=-1, keepdims=True).numpy()))
