@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 
@@ -121,13 +122,13 @@ def _check(args: argparse.Namespace) -> int:
             layers=[s.path for s in underflowing], double_scale=f"{located.loss_scale * 2:g}"))
     clean = report.ok and not diagnoses
     if args.json:
-        print(json.dumps({
+        print(json.dumps(_strict_json({
             "model": report.model,
             "findings": [dataclasses.asdict(f) for f in report.findings],
             "overflow": None if located is None else dataclasses.asdict(located),
             "diagnoses": [str(d) for d in diagnoses],
             "clean": clean,
-        }, indent=2, default=str))
+        }), indent=2, default=str, allow_nan=False))
     else:
         print(report)
         if located is not None:
@@ -135,6 +136,18 @@ def _check(args: argparse.Namespace) -> int:
         for d in diagnoses:
             print(d)
     return CLEAN if clean else FINDINGS
+
+
+def _strict_json(value):
+    """`value` with every non-finite float as the string "nan", "inf" or "-inf": JSON has no NaN or
+    Infinity, and a strict parser rejects Python's `NaN` output."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(v) for v in value]
+    return value
 
 
 def _overflow_diagnosis(model, located, symptoms):
@@ -176,14 +189,25 @@ def _troubleshoot(args: argparse.Namespace) -> int:
               f"{', '.join(symptoms.SYMPTOM_NAMES)}", file=sys.stderr)
         return BAD_INPUT
     if args.markdown:
-        print(symptoms.render_markdown(), end="")
+        print(symptoms.render_markdown(args.symptom), end="")
     else:
         print(symptoms.render_text(args.symptom), end="")
     return 0
 
 
+def _version() -> str:
+    if "keras_amp" in sys.modules:
+        from keras_amp.version import __version__
+
+        return __version__
+    import keras_amp_console
+
+    return keras_amp_console.load_standalone("version.py", "_keras_amp_console_version").__version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="keras-amp", description="Mixed precision for Keras 3 on TensorFlow.")
+    parser.add_argument("--version", action="version", version=f"keras-amp {_version()}")
     sub = parser.add_subparsers(dest="command")  # none given: `main` says so, with any unknown flag
     doctor = sub.add_parser("doctor", help="report versions, devices, oneDNN, TF32 and the policy 'auto' would pick")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -203,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--underflow", type=float, default=0.5,
                        help="fraction of a layer's gradient elements underflowed to zero or subnormal that counts as a "
                        "finding (default 0.5)")
-    check.add_argument("--json", action="store_true", help="print the result as JSON")
+    check.add_argument("--json", action="store_true",
+                       help='print the result as JSON (a non-finite number as "nan", "inf" or "-inf")')
     check.set_defaults(func=_check, parser=check)
 
     symptoms = _symptoms()
@@ -213,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
         + "\n".join(f"  {s.name:<18} {s.title}" for s in symptoms.SYMPTOMS))
     trouble.add_argument("symptom", nargs="?", default=None,
                          help="one of the symptoms above (default: all)")
-    trouble.add_argument("--markdown", action="store_true", help="as the README's troubleshooting section")
+    trouble.add_argument("--markdown", action="store_true",
+                         help="as Markdown: the README's troubleshooting section, or the symptom's part of it")
     trouble.set_defaults(func=_troubleshoot, parser=trouble)
     parser.commands = tuple(sub.choices)  # for `main`'s message when none is given
     return parser
@@ -230,7 +256,12 @@ def main(argv: list[str] | None = None, before_tensorflow=None) -> int:
     if unknown:  # said by the command's parser, with its usage, not the top-level one
         args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.before_tensorflow = before_tensorflow or (lambda: None)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `keras-amp check --json | head`: the reader stopped reading
+        # Python would report the pipe again when it flushes stdout at exit: point stdout elsewhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -82,6 +82,13 @@ def test_batch_runs_the_locator_and_names_the_overflowing_layer(tmp_path, capsys
     assert code == cli.FINDINGS
     assert "forward: first non-finite value produced in layer 'k'" in out
     assert "Compute 'k' in float32" in out  # the decision tree's action, from the same table
+    code, out, _ = _run(capsys, "check", bad, "--batch", batch, "--json")
+
+    def no_constant(name):  # NaN / Infinity: Python's json writes them, JSON has none
+        raise AssertionError(f"not JSON: {name}")
+
+    result = json.loads(out, parse_constant=no_constant)
+    assert code == cli.FINDINGS and result["overflow"]["loss"] in ("nan", "inf")  # the loss overflowed
     code, out, _ = _run(capsys, "check", good, "--batch", batch, "--json")
     result = json.loads(out)
     assert code == cli.CLEAN and result["clean"] and result["overflow"]["forward"] is None
@@ -122,6 +129,10 @@ def test_troubleshoot_prints_the_tree(capsys):
     assert code == 0 and "Is the loss scale at its floor, or are steps overflowing?" in out
     code, out, _ = _run(capsys, "troubleshoot", "--markdown")
     assert code == 0 and out.startswith("## Troubleshooting")
+    full = out
+    code, out, _ = _run(capsys, "troubleshoot", "--markdown", "step_time_jump")
+    assert code == 0 and out.startswith("### Step time jumps") and out.count("### ") == 1, out
+    assert out.strip() in full  # the README's section for that symptom, alone
     code, _, err = _run(capsys, "troubleshoot", "bogus")
     assert code == cli.BAD_INPUT and "non_finite_loss" in err
 
@@ -153,6 +164,18 @@ def test_troubleshoot_and_help_do_not_import_tensorflow():
                             capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert helped.returncode == 0 and "updates_vanish" in helped.stdout, helped.stderr[-2000:]
     assert not helped.stderr, helped.stderr[-2000:]  # no TensorFlow banner
+
+
+def test_version_and_a_closed_pipe():
+    done = subprocess.run([sys.executable, "-m", "keras_amp_console", "--version"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip() == f"keras-amp {keras_amp.__version__}", done
+    # `keras-amp ... | head`: the reader closes the pipe before the command writes; one exit, no traceback.
+    proc = subprocess.Popen([sys.executable, "-m", "keras_amp_console", "troubleshoot", "--markdown"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1 and "Traceback" not in err and "BrokenPipe" not in err, err
 
 
 def _one_line_error(err):

@@ -287,12 +287,16 @@ def render_text(name: str | None = None) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def render_markdown() -> str:
-    """The README's troubleshooting section, generated from the same tables."""
-    lines = ["## Troubleshooting", "",
-             "`keras_amp.callbacks.LossScaleMonitor` detects these symptoms during `fit` and prints "
-             "the walk through this tree; `keras-amp troubleshoot` prints it.", ""]
-    for s in SYMPTOMS:
+def render_markdown(name: str | None = None) -> str:
+    """The README's troubleshooting section, generated from the same tables; with `name`, that
+    symptom's subsection alone."""
+    if name is None:
+        lines = ["## Troubleshooting", "",
+                 "`keras_amp.callbacks.LossScaleMonitor` detects these symptoms during `fit` and prints "
+                 "the walk through this tree; `keras-amp troubleshoot` prints it.", ""]
+    else:
+        lines = []
+    for s in [symptom(name)] if name is not None else SYMPTOMS:
         lines.append(f"### {s.title}")
         lines.append("")
         lines.append(f"Detected when {s.detection}.")

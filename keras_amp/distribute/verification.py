@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from typing import Any
 
 import keras
@@ -70,15 +71,33 @@ def _hash64(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big", signed=True)
 
 
+# strategy -> {timeout: its all-gather tf.function}. One function per strategy and timeout, the array its
+# argument: a function made per call is traced per call, and TensorFlow warns of retracing after five.
+_GATHERS: "weakref.WeakKeyDictionary[tf.distribute.Strategy, dict]" = weakref.WeakKeyDictionary()
+
+
+def _gather_function(strategy: tf.distribute.Strategy, options):
+    gathers = _GATHERS.setdefault(strategy, {})
+    if options.timeout_seconds not in gathers:
+        owner = weakref.ref(strategy)  # the cached function must not keep its strategy alive
+
+        def gather(value):
+            # An identity on the replica's device: a function argument has none, and
+            # MultiWorkerMirroredStrategy gathers to the devices of the value it is given.
+            return tf.distribute.get_replica_context().all_gather(tf.identity(value), axis=0, options=options)
+
+        # Inside a tf.function: eager collectives under MultiWorkerMirroredStrategy are slow and warn.
+        def run(value):
+            return owner().run(gather, args=(value,))
+
+        # Traced once per array length (not `reduce_retracing`: a collective needs static shapes).
+        gathers[options.timeout_seconds] = tf.function(run)
+    return gathers[options.timeout_seconds]
+
+
 def _all_gather(strategy: tf.distribute.Strategy, array: np.ndarray, options) -> np.ndarray:
-    """Gathers a 1-D array from every replica: shape [num_replicas_in_sync, len(array)]."""
-    value = tf.constant(array[None, :])
-
-    def gather():
-        return tf.distribute.get_replica_context().all_gather(value, axis=0, options=options)
-
-    # Inside a tf.function: eager collectives under MultiWorkerMirroredStrategy are slow and warn.
-    gathered = tf.function(lambda: strategy.run(gather))()
+    """Gathers a 1-D int64 array from every replica: shape [num_replicas_in_sync, len(array)]."""
+    gathered = _gather_function(strategy, options)(tf.constant(np.asarray(array, np.int64)[None, :]))
     return strategy.experimental_local_results(gathered)[0].numpy()
 
 

@@ -38,8 +38,14 @@ TIER_NAMES = (None, AUTO) + tuple(TIERS)
 
 def validate_tier(tier) -> None:
     """Raises unless `tier` is None, "auto" or a name in `TIERS`."""
-    if tier is not None:
-        validation.check_choice("tier", tier, TIER_NAMES[1:])
+    if tier is None:
+        return
+    allowed = "None (Keras's defaults), " + ", ".join(repr(t) for t in TIER_NAMES[1:])
+    if not isinstance(tier, str):
+        raise TypeError(f"`tier` must be a string or None. Received: tier={tier!r} of type "
+                        f"{type(tier).__name__}. Allowed: {allowed}")
+    if tier not in TIER_NAMES[1:]:
+        raise ValueError(f"Unknown `tier`. Received: tier={tier!r}. Allowed: {allowed}")
 
 
 def count_params(var_list: Iterable) -> int:

@@ -150,3 +150,14 @@ def test_hash64_is_stable_int64():
     h = verification._hash64("mixed_float16")
     assert h == verification._hash64("mixed_float16") and -(2**63) <= h < 2**63
     assert h != verification._hash64("float32")
+
+
+def test_repeated_gathers_trace_once_per_shape(caplog):
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    for n in [1, 3] * 4:  # as verify() does each call: new options, arrays of a few lengths
+        options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=30)
+        gathered = verification._all_gather(strategy, np.arange(n), options)
+        np.testing.assert_array_equal(gathered, np.arange(n)[None, :])
+    assert not [r for r in caplog.records if "retracing" in r.getMessage()]  # TensorFlow warns after five
+    (gather,) = verification._GATHERS[strategy].values()
+    assert gather.experimental_get_tracing_count() <= 2

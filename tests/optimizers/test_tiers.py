@@ -70,7 +70,7 @@ def test_validate_tier_names_what_is_allowed():
     assert tiers.TIER_NAMES == (None, "auto", "small", "medium", "large")
     for name in tiers.TIER_NAMES:
         tiers.validate_tier(name)
-    with pytest.raises(ValueError, match=r"Received: tier='huge'. Allowed: 'auto', 'small', 'medium', 'large'"):
+    with pytest.raises(ValueError, match=r"Received: tier='huge'. Allowed: None \(Keras's defaults\), 'auto', 'small', 'medium', 'large'"):
         tiers.validate_tier("huge")
     with pytest.raises(TypeError, match="`tier` must be a string"):
         tiers.validate_tier(1)
