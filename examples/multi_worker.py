@@ -34,8 +34,11 @@ flags.define(epochs=2, batch_size=64, steps_per_epoch=20, seq_len=64, width=64, 
 absl_flags.DEFINE_enum("model", "cnn", ["cnn", "transformer", "rnn"], "Model family (recipe of the same name).")
 absl_flags.DEFINE_integer("workers", 2, "Worker processes to launch locally.", lower_bound=1)
 absl_flags.DEFINE_bool("worker_mode", False, "Run as one worker (TF_CONFIG and --model_dir must be set).")
-absl_flags.DEFINE_float("timeout_seconds", 120.0, "Collective timeout (a dead worker fails the others).")
-absl_flags.DEFINE_float("launch_timeout", 600.0, "Seconds the whole local cluster may run.")
+absl_flags.DEFINE_float("timeout_seconds", 120.0, "Collective timeout, seconds > 0 (a dead worker fails the others).")
+absl_flags.DEFINE_float("launch_timeout", 600.0, "Seconds > 0 the whole local cluster may run.")
+# Checked at parsing: a bad value fails at once, in one line naming its flag, not in a worker after start-up.
+absl_flags.register_validator("timeout_seconds", lambda seconds: seconds > 0, message="must be > 0 seconds")
+absl_flags.register_validator("launch_timeout", lambda seconds: seconds > 0, message="must be > 0 seconds")
 FLAGS = absl_flags.FLAGS
 # The launcher's own flags; every other flag is passed on to each worker.
 LAUNCHER_ONLY = ("compare_float32", "results_file", "model_dir", "policy", "workers", "worker_mode", "launch_timeout")
@@ -194,8 +197,8 @@ def main(argv):
     if FLAGS.batch_size % FLAGS.workers:
         raise SystemExit(f"error: --batch_size (global) must be divisible by --workers. Received: "
                          f"batch_size={FLAGS.batch_size}, workers={FLAGS.workers}")
+    base = flags.run_dir("multi_worker", FLAGS.model_dir)  # before the download: a bad --model_dir fails at once
     flags.prepare_data()  # once, here: the workers must not race to download the same files
-    base = flags.run_dir("multi_worker", FLAGS.model_dir)
     runs = [launch_local(label, policy, os.path.join(base, label)) for label, policy in flags.configs()]
     flags.write_results(runs)
     return 0 if all(r["ok"] and r["agree"] for r in runs) else 1

@@ -316,3 +316,74 @@ def test_default_run_folder_is_new_per_process(common):
     assert default.parent == Path(flags.MODEL_DIR_BASE) / "cnn" and default.name.endswith(f"-{os.getpid()}")
     assert re.fullmatch(r"\d{8}-\d{6}-\d+", default.name), default.name
     assert flags.run_dir("cnn", "/data/runs") == os.path.join("/data/runs", "cnn")
+
+
+def test_model_dir_that_is_a_file_fails_in_one_line_before_any_work(common, tmp_path):
+    from common import flags  # noqa: PLC0415
+
+    file = tmp_path / "afile"
+    file.write_text("")
+    out = launch("cnn", tmp_path, f"--model_dir={file}", "--epochs=1", timeout=120)
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 1 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert lines[0] == (f"error: --model_dir must be a folder (made if missing) for the runs' checkpoints and "
+                        f"TensorBoard logs, but {file} is a file. Received: --model_dir={file}"), lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing downloaded or written
+    # Every example finds its folder through run_dir: a file further up the path fails the same way.
+    with pytest.raises(SystemExit, match=f"but {re.escape(str(file))} is a file. Received: --model_dir={file}/sub$"):
+        flags.run_dir("rnn", f"{file}/sub")
+    assert flags.run_dir("rnn", str(tmp_path / "new" / "sub")) == str(tmp_path / "new" / "sub" / "rnn")
+
+
+def _tiny_settings(model_dir, **overrides):
+    from common.trainer import Settings  # noqa: PLC0415
+
+    return Settings(**{**dict(family="cnn", recipe="cnn", dataset="pydoc", epochs=1, batch_size=8, steps_per_epoch=2,
+                              seq_len=16, width=16, depth=1, learning_rate=1e-3, tier="auto", seed=0,
+                              model_dir=str(model_dir), eval_steps=1, verbose=0), **overrides})
+
+
+def test_fresh_run_in_a_used_folder_says_the_old_tensorboard_events_stay(common, tmp_path, capsys):
+    from common import resume  # noqa: PLC0415
+    from common.trainer import Trainer  # noqa: PLC0415
+
+    # What an earlier float32 run left: its checkpoint state and its TensorBoard events.
+    run = tmp_path / "float32"
+    (run / "checkpoint").mkdir(parents=True)
+    (run / "checkpoint" / resume.STATE).write_text(json.dumps({"epochs_done": 2}))
+    events = run / "logs" / "train" / "events.out.tfevents.1.host.1.v2"
+    events.parent.mkdir(parents=True)
+    events.write_bytes(b"old run")
+    Trainer(_tiny_settings(tmp_path), "float32", label="float32")  # builds the run; trains nothing
+    stdout = capsys.readouterr().out
+    assert (f"[float32] {run / 'checkpoint'} holds a checkpoint after epoch 2: this run starts over and replaces it "
+            f"after its first epoch (--resume continues it); the old run's TensorBoard events stay in {run / 'logs'}, "
+            "and TensorBoard shows both runs there unless you remove that folder") in stdout, stdout
+    assert events.read_bytes() == b"old run"  # the user's files are left alone
+
+
+def _scalar_steps(folder) -> dict[str, list[int]]:
+    """tag -> the steps it was written at, over the event files directly in `folder`."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    steps: dict[str, list[int]] = {}
+    for path in sorted(Path(folder).glob("events.out.tfevents.*")):
+        for record in tf.data.TFRecordDataset(str(path)):
+            event = tf.compat.v1.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                steps.setdefault(value.tag, []).append(int(event.step))
+    return steps
+
+
+@pytest.mark.filterwarnings("ignore:mixed_float16 requested on CPU")  # a float16 loss scale wherever it runs
+def test_loss_scale_monitor_writes_a_tensorboard_run_of_its_own(common, tmp_path):
+    from common.trainer import Trainer  # noqa: PLC0415
+
+    trainer = Trainer(_tiny_settings(tmp_path), "mixed_float16", label="mixed_float16")
+    trainer.run_epoch(0)
+    logs = tmp_path / "mixed_float16" / "logs"
+    train, amp = _scalar_steps(logs / "train"), _scalar_steps(logs / "amp")
+    # Keras's TensorBoard writes fit's logs, the loss scale among them, once an epoch ...
+    assert train["epoch_loss"] == [0] and train["epoch_loss_scale"] == [0], train
+    # ... and the monitor its counters beside them, in a run of its own.
+    assert amp["epoch_overflow_count"] == [0] and "epoch_loss" not in amp, amp

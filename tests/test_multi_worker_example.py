@@ -78,8 +78,16 @@ def test_disagreeing_workers_get_a_verdict_that_says_what_differs():
                           "workers=2"),
     (["--worker_mode"], "error: --worker_mode needs --model_dir: the run's folder, the same on every worker."),
     (["--verbose=3"], "flag --verbose=3: 3 is not an integer in the range [0, 2]"),
+    # At parsing, not in a worker after its start-up (the collective timeout) or in the launcher's wait.
+    (["--timeout_seconds=-1"], "flag --timeout_seconds=-1.0: must be > 0 seconds"),
+    (["--timeout_seconds=0"], "flag --timeout_seconds=0.0: must be > 0 seconds"),
+    (["--launch_timeout=-5"], "flag --launch_timeout=-5.0: must be > 0 seconds"),
+    (["--seed=-1"], "flag --seed=-1: -1 is not an integer in the range [0, 4294967295]"),
+    ([f"--model_dir={ROOT / 'pyproject.toml'}"],
+     "error: --model_dir must be a folder (made if missing) for the runs' checkpoints and TensorBoard logs, but "
+     f"{ROOT / 'pyproject.toml'} is a file."),
 ])
 def test_bad_flags_fail_with_one_clear_message(args, message):
     out = _run("--workers=2", *args, timeout=120)
     assert out.returncode == 1 and message in out.stderr, out.stderr[-2000:]
-    assert "Traceback" not in out.stderr
+    assert "Traceback" not in out.stderr and "workers; run folder" not in out.stdout  # no worker launched

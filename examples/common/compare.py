@@ -119,7 +119,8 @@ def _fmt(value, spec: str, unit: str = "") -> str:
 
 def summary(results: list[dict[str, Any]]) -> str:
     """A table of the runs, the speed-up and memory ratio against the float32 run, and the checks."""
-    rows = [("run", "policy", "eval loss", "eval acc", "train loss (last epoch mean)", "median step", "peak RSS+", "TF alloc peak")]
+    rows = [("run", "policy", "eval loss", "eval acc", "train loss (last epoch mean)", "median step", "peak RSS+",
+             "TF alloc peak")]
     for r in results:
         rows.append((r["label"], r["policy"], _fmt(r["eval_loss"], ".4f"), _fmt(r["eval_accuracy"], ".4f"),
                      _fmt(r["train_loss"], ".4f"), _fmt(r["median_step_s"] and 1e3 * r["median_step_s"], ".1f", " ms"),

@@ -56,7 +56,8 @@ def define(*, dataset: str = "pydoc", datasets=data_lib.DATASETS, epochs: int, b
                           "Continue the run in --model_dir after its last finished epoch: weights, optimizer state "
                           "(loss scale and counters), logs and data order. Needs --model_dir and the flags the run "
                           "started with; --epochs may grow.")
-    flags.DEFINE_integer("seed", 0, "Random seed (weights and data order).")
+    flags.DEFINE_integer("seed", 0, "Random seed (weights and data order).", lower_bound=0,
+                         upper_bound=2**32 - 1)  # NumPy's seed range (keras.utils.set_random_seed)
     flags.DEFINE_integer("eval_steps", None, "Held-out batches to evaluate (default: all).", lower_bound=1)
     flags.DEFINE_integer("max_examples", None, "Training examples of a tfds classification set (default: all).",
                          lower_bound=1)
@@ -72,10 +73,18 @@ def run_dir(name: str, model_dir: str | None) -> str:
     """Where example `name` writes: <model_dir>/<name>, or (model_dir None) a new folder for this run.
 
     By default two runs at once, or one after the other, then never overwrite each other's logs
-    and checkpoints.
+    and checkpoints. Exits with one message where a file stands in the way of <model_dir>/<name>.
     """
     if model_dir:
-        return os.path.join(model_dir, name)
+        path = os.path.join(model_dir, name)
+        # The nearest part of the path that exists must be a folder: the rest is made below it.
+        existing = os.path.abspath(path)
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):
+            raise SystemExit(f"error: --model_dir must be a folder (made if missing) for the runs' checkpoints and "
+                             f"TensorBoard logs, but {existing} is a file. Received: --model_dir={model_dir}")
+        return path
     return os.path.join(MODEL_DIR_BASE, name, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
 
 
@@ -94,12 +103,13 @@ def settings(family: str, recipe: str, name: str, **overrides):
     if FLAGS.resume and not FLAGS.model_dir:
         raise SystemExit("error: --resume needs --model_dir, the folder of the run to continue (without it each run "
                          f"writes to a new folder under {os.path.join(MODEL_DIR_BASE, name)}).")
+    model_dir = run_dir(name, FLAGS.model_dir)  # before the download: a bad --model_dir fails at once
     prepare_data()
     values = dict(
         family=family, recipe=recipe, dataset=FLAGS.dataset, epochs=FLAGS.epochs, batch_size=FLAGS.batch_size,
         steps_per_epoch=FLAGS.steps_per_epoch, seq_len=FLAGS.seq_len, width=FLAGS.width, depth=FLAGS.depth,
-        learning_rate=FLAGS.learning_rate, optimizer=FLAGS.optimizer, tier=None if FLAGS.tier == "none" else FLAGS.tier, seed=FLAGS.seed,
-        model_dir=run_dir(name, FLAGS.model_dir), eval_steps=FLAGS.eval_steps,
+        learning_rate=FLAGS.learning_rate, optimizer=FLAGS.optimizer, tier=None if FLAGS.tier == "none" else FLAGS.tier,
+        seed=FLAGS.seed, model_dir=model_dir, eval_steps=FLAGS.eval_steps,
         max_examples=FLAGS.max_examples, data_dir=FLAGS.data_dir, verbose=FLAGS.verbose,
         show_plan=FLAGS.show_plan, resume=FLAGS.resume)
     values.update(overrides)

@@ -203,9 +203,11 @@ class Trainer:
         if settings.custom_epoch is None:
             self.callbacks = [self.timer.callback, *scalar_logs.callbacks(os.path.join(self.log_dir, "logs"))]
             if isinstance(self.optimizer, keras_amp.LossScaleOptimizer):
-                # The loss scale and overflow counters: in TensorBoard beside the loss (see README).
+                # The counters and the batch_* scalars: a TensorBoard run of their own, logs/amp. The loss scale
+                # is in fit's logs, so TensorBoard already writes epoch_loss_scale to logs/train: writing the
+                # monitor's there too would show each epoch's value twice.
                 self.callbacks.insert(1, keras_amp.callbacks.LossScaleMonitor(
-                    log_dir=os.path.join(self.log_dir, "logs", "train") if scalar_logs.available() else None))
+                    log_dir=os.path.join(self.log_dir, "logs", "amp") if scalar_logs.available() else None))
             self.callbacks.append(progress_bar())  # last, like Keras's own: it shows what the others logged
         self.report = keras_amp.check_model(model, loss=self.loss_fn)  # float32 CE from 16-bit logits: safe
         self.run = resume.run_identity(settings, self.config.policy)
@@ -214,8 +216,12 @@ class Trainer:
             self.start_epoch, self.history = resume.restore(self.checkpoint_dir, model, self.optimizer, self.run,
                                                             label, settings.epochs)
         elif (saved := resume.load_state(self.checkpoint_dir)) is not None:
+            logs = os.path.join(self.log_dir, "logs")
+            # TensorBoard events are appended, never replaced: the old run's stay beside the new run's.
+            old_logs = (f"; the old run's TensorBoard events stay in {logs}, and TensorBoard shows both runs there "
+                        "unless you remove that folder") if os.path.isdir(logs) else ""
             print(f"[{label}] {self.checkpoint_dir} holds a checkpoint after epoch {saved['epochs_done']}: this run "
-                  "starts over and replaces it after its first epoch (--resume continues it)", flush=True)
+                  f"starts over and replaces it after its first epoch (--resume continues it){old_logs}", flush=True)
 
     def _adam(self, settings):
         """Keras's Adam, or under a 16-bit policy the lean tier `settings.optimizer` names."""
