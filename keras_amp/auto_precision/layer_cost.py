@@ -53,7 +53,8 @@ def _shape(tensor) -> list:
 
 def _einsum_contracted(op) -> int:
     """The product of the sizes of the indices an einsum sums over (in its inputs, not its output)."""
-    equation = op.get_attr("equation").decode() if isinstance(op.get_attr("equation"), bytes) else op.get_attr("equation")
+    equation = op.get_attr("equation")
+    equation = equation.decode() if isinstance(equation, bytes) else equation
     inputs, output = equation.replace(" ", "").split("->")
     sizes: dict[str, int] = {}
     for spec, tensor in zip(inputs.split(","), op.inputs):

@@ -84,11 +84,17 @@ def decision_unit(layers: dict[str, keras.layers.Layer], path: str) -> str:
 
 
 def unit_members(layers: dict[str, keras.layers.Layer], unit: str) -> list[str]:
-    """The paths whose policy a decision at `unit` sets: an RNN's with every layer below it, else
-    `unit` alone."""
-    if not isinstance(layers[unit], keras.layers.RNN):
-        return [unit]
+    """The paths whose policy a decision at `unit` sets: `unit` with every layer below it, as
+    `float32_policies` sets them. A layer calling others mixes their results with its own inputs
+    (keras-hub's `x + residual`), which raw TensorFlow ops take only in one dtype: the layer alone
+    in 16 bits with float32 layers inside it does not run, nor float32 with 16-bit ones inside."""
     return [p for p in layers if p == unit or p.startswith(unit + "/")]
+
+
+def own_members(layers: dict[str, keras.layers.Layer], unit: str) -> list[str]:
+    """The members of `unit` whose work is its own: those it is the `decision_unit` of (an RNN
+    with its cell; a layer calling others, alone: they are decided apart)."""
+    return [p for p in unit_members(layers, unit) if decision_unit(layers, p) == unit]
 
 
 def reset_functions(model: keras.Model) -> None:

@@ -102,6 +102,7 @@ class ProgressivePrecision(keras.callbacks.Callback):
         ValueError says so.
         """
         validation.check_type("result", result, SearchResult, "a keras_amp SearchResult")
+        at = validation.check_int("at", at, min_value=0)
         if top is not None:
             top = validation.check_int("top", top, min_value=1)
         # result.layers is in the search's order: worst first (loss, then gradient, then output error).

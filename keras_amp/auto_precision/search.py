@@ -4,8 +4,10 @@ Estimator ("demote one, then promote greedily"), on `batches` batches, inference
 
     ref      = loss, outputs, gradients with every layer float32
     for each candidate layer L (a layer computing in 16 bits now):
-        sens[L] = errors of the model with every layer float32 except L (L alone in 16 bits)
-    order    = candidates by sens (loss error, then gradient error, then output error), worst first
+        sens[L] = errors of the model with every layer float32 except L and the layers below it
+                  (L alone in 16 bits)
+    order    = candidates by sens (loss error, then gradient error, then output error), worst first,
+               each after the candidates below it
     if the model as it is passes:          keep nothing in float32
     else: k  = the smallest prefix of `order` kept in float32 that passes (binary search)
           prune: drop each chosen layer, least sensitive first, if the model still passes
@@ -16,7 +18,14 @@ Candidates: the layers computing in 16 bits that cost something themselves, weig
 floating-point work of their own in one traced forward pass (`layer_cost`): Dropout at inference
 and Activation("relu") compute nothing a float32 policy could change, and are left out. An RNN layer
 and its cell are one candidate, the RNN (`model_policies.decision_unit`): the RNN casts the cell's input,
-and a `.keras` file keeps only the RNN's policy.
+and a `.keras` file keeps only the RNN's policy. A layer calling others (a transformer block) is a
+candidate for its own work (keras-hub's `x + residual`), and its decision moves every layer below it
+(`model_policies.unit_members`), as `result.apply` and `apply_recipe` do: a raw TensorFlow op takes one
+dtype, so the block in 16 bits with float32 layers inside it does not run. Layers inside it are
+candidates of their own and come first in `order`: the block joins the prefix after them. A
+configuration that still does not run (such a layer's result meeting its block's in a raw op) is not
+viable: its errors are inf, the layer's reason says why, and with no evidence of its sensitivity it
+comes last in `order`.
 
 Forward/backward passes per batch: 1 (float32 reference) + 1 (as is) + N (one per candidate)
 + ceil(log2(N + 1)) (prefix search) + k (pruning), N candidates and k chosen layers. Demoting one
@@ -31,31 +40,19 @@ import dataclasses
 import math
 import re
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from keras_amp import model_graph, validation
 from keras_amp.dtypes import LOW_PRECISION as LOW
-from keras_amp.auto_precision import model_policies, layer_cost
+from keras_amp.auto_precision import measure, model_policies, layer_cost
+from keras_amp.auto_precision.measure import Errors
 from keras_amp.auto_precision.progress import Progress
+from keras_amp.diagnostics import user_site
 
 FLOAT32 = "float32"
-
-
-@dataclasses.dataclass(frozen=True)
-class Errors:
-    """Relative errors against the all-float32 model (inf when non-finite)."""
-
-    loss: float
-    output: float
-    gradient: float
-
-    @property
-    def finite(self) -> bool:
-        return all(math.isfinite(v) for v in (self.loss, self.output, self.gradient))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,10 +62,12 @@ class LayerDecision:
     Args:
         path: String. The layer's path.
         layer_class: String. Its class name.
-        sensitivity: `Errors` of the model with this layer alone in 16 bits.
+        sensitivity: `Errors` of the model with this layer (and the layers below it) alone in 16
+            bits; inf where that does not run (the reason says so).
         cost_share: Float. Its share of the candidates' floating-point operations in one traced
-            forward pass (multiply-adds for matmuls and convolutions; `layer_cost`).
-        decision: String. "float32" or the compute policy it keeps.
+            forward pass (multiply-adds for matmuls and convolutions; `layer_cost`), its own work:
+            a layer calling candidates counts without them.
+        decision: String. "float32" (chosen, or below a chosen layer) or the compute policy it keeps.
         reason: String. Why.
     """
 
@@ -125,82 +124,41 @@ class SearchResult:
         return "\n".join(lines)
 
 
-def _batches(data: Any, batches: int) -> list[tuple]:
-    if isinstance(data, tf.data.Dataset):
-        out = [tuple(b) if isinstance(b, (tuple, list)) else (b,) for b in data.take(batches)]
-    elif isinstance(data, (tuple, list)) and data and isinstance(data[0], (tuple, list)):
-        out = [tuple(b) for b in list(data)[:batches]]  # a list of (x, y) batches
-    elif isinstance(data, (tuple, list)) and 2 <= len(data) <= 3:
-        out = [tuple(data)]  # one (x, y[, sample_weight]) batch
-    else:
-        raise TypeError(
-            "`data` must be a tf.data.Dataset of (x, y) batches, one (x, y) tuple, or a list of them. "
-            f"Received: data of type {type(data).__name__}"
-        )
-    if not out:
-        raise ValueError("`data` must yield at least one batch. Received: an empty `data`")
-    if len(out[0]) < 2:
-        raise ValueError("`data` must yield (x, y) batches: the loss needs the targets. Received: batches of x alone")
+def _matches(path: str, patterns: Iterable[re.Pattern]) -> bool:
+    return any(p.fullmatch(path) for p in patterns)
+
+
+def _order(by_severity: list[str], members: dict[str, list[str]]) -> list[str]:
+    """`by_severity`, each layer moved after the candidates below it: float32, it takes them along, so
+    the prefix search tries the layers inside it first."""
+    below = {p: {q for q in by_severity if q != p} & set(members[p]) for p in by_severity}
+    out: list[str] = []
+    placed: set[str] = set()
+    waiting = list(by_severity)
+    while waiting:
+        ready = next(p for p in waiting if below[p] <= placed)  # the most severe whose layers are placed
+        waiting.remove(ready)
+        out.append(ready)
+        placed.add(ready)
     return out
 
 
-def _loss_fn(model: keras.Model, loss: Any) -> Callable:
-    chosen = loss if loss is not None else getattr(model, "loss", None)
-    if chosen is None:
+def _outermost(units: list[str], members: dict[str, list[str]]) -> list[str]:
+    """`units` less those below another of them (float32 with it)."""
+    return [u for u in units if not any(o != u and u in members[o] for o in units)]
+
+
+def _check_something_to_search(model, sixteen, patterns, candidates, policy) -> None:
+    if not sixteen:
         raise ValueError(
-            "search_precision needs a loss: compile the model with one `loss`, or pass `loss=`. "
-            f"Received: loss=None and model {model.name!r} has no compiled loss"
-        )
-    if isinstance(chosen, (dict, list, tuple)):
-        raise TypeError(
-            "search_precision takes one loss for the whole output. Received: loss of type "
-            f"{type(chosen).__name__}; pass `loss=` a single loss or callable(y_true, y_pred)"
-        )
-    fn = keras.losses.get(chosen) if isinstance(chosen, str) else chosen
-    validation.check_callable("loss", fn)
-    return fn
-
-
-def _run(model, batches, loss_fn) -> list[tuple[float, list[np.ndarray], list[np.ndarray]]]:
-    """Loss, outputs and gradients per batch, eagerly (so current policies apply), inference mode."""
-    results = []
-    variables = model.trainable_variables
-    for batch in batches:
-        x, y, w = keras.utils.unpack_x_y_sample_weight(batch)
-        with tf.GradientTape() as tape:
-            y_pred = model(x, training=False)
-            y_pred32 = keras.tree.map_structure(lambda t: keras.ops.cast(t, "float32"), y_pred)
-            value = loss_fn(y, y_pred32) if w is None else loss_fn(y, y_pred32, w)
-            value = keras.ops.mean(keras.ops.cast(value, "float32"))
-        grads = tape.gradient(value, variables)
-        grads = [np.zeros(v.shape, np.float32) if g is None else keras.ops.convert_to_numpy(keras.ops.cast(g, "float32"))
-                 for g, v in zip(grads, variables)]
-        outs = [keras.ops.convert_to_numpy(t).astype(np.float64) for t in keras.tree.flatten(y_pred32)]
-        results.append((float(value), outs, grads))
-    return results
-
-
-def _relative(a: np.ndarray, b: np.ndarray) -> float:
-    if not np.all(np.isfinite(a)):
-        return math.inf
-    denom = float(np.linalg.norm(b))
-    return float(np.linalg.norm(a - b)) / (denom if denom > 0 else 1.0)
-
-
-def _errors(run, ref) -> Errors:
-    loss = output = gradient = 0.0
-    for (l, outs, grads), (rl, routs, rgrads) in zip(run, ref):
-        loss = max(loss, abs(l - rl) / max(abs(rl), 1e-12) if math.isfinite(l) else math.inf)
-        output = max(output, _relative(np.concatenate([o.ravel() for o in outs]),
-                                       np.concatenate([o.ravel() for o in routs])))
-        g = np.concatenate([x.ravel().astype(np.float64) for x in grads]) if grads else np.zeros(1)
-        rg = np.concatenate([x.ravel().astype(np.float64) for x in rgrads]) if rgrads else np.zeros(1)
-        gradient = max(gradient, _relative(g, rg))
-    return Errors(loss=loss, output=output, gradient=gradient)
-
-
-def _matches(path: str, patterns: Iterable[re.Pattern]) -> bool:
-    return any(p.fullmatch(path) for p in patterns)
+            f"search_precision needs layers computing in 16 bits: every layer of model {model.name!r} computes in "
+            f"float32 (its dtype policy: {model.dtype_policy.name!r}), so there is nothing to search. Build it after "
+            "`keras_amp.enable()`, convert it with `keras_amp.apply_recipe`, or pass `policy=` to measure it under "
+            f"one. Received: model={model.name!r}, policy={policy!r}")
+    if patterns is not None and not any(_matches(p, patterns) for p in sixteen):
+        raise ValueError(
+            f"`candidates` must match layers computing in 16 bits. Received: candidates={list(candidates)!r}, "
+            f"matching only float32 layers. Allowed: regexes over the 16-bit layers, e.g. {sixteen[:5]}")
 
 
 def search_precision(
@@ -221,9 +179,12 @@ def search_precision(
     Args:
         model: A built `keras.Model` (any kind), with its mixed policies set (after
             `keras_amp.enable()` and, optionally, a recipe).
-        data: A `tf.data.Dataset` of (x, y) batches, one (x, y) tuple, or a list of them.
+        data: A `tf.data.Dataset` of (x, y[, sample_weight]) batches, one such tuple, or a list
+            of them. Sample weights weigh the loss as `fit` does (`measure`).
         policy: String or None. A 16-bit policy to measure ("mixed_float16",
-            "mixed_bfloat16"): every candidate layer is set to it first. None: the model's own.
+            "mixed_bfloat16"): every layer computing in 16 bits is set to it first; in a model
+            computing wholly in float32 (built without `keras_amp.enable()`), every float32 layer.
+            None: the model's own, which must have layers computing in 16 bits (else a ValueError).
         budget: Int or None. The most layers to keep in float32; None: no cap. When the cap
             is reached before the tolerance is met, the result says so in its reasons.
         tolerance: Float. Largest relative loss error against the all-float32 model.
@@ -260,59 +221,74 @@ def search_precision(
     patterns = None
     if candidates is not None:
         patterns = validation.check_regexes("candidates", candidates, model_policies.layers_by_path(model))
-    data_batches = _batches(data, batches)
-    loss_fn = _loss_fn(model, loss)
+    data_batches = measure.batches_of(data, batches)
+    loss_fn = measure.loss_of(model, loss)
     start = time.perf_counter()
 
     tree = model_graph.layer_tree(model)  # one walk: the search changes policies, never layers
     layers = model_policies.layers_by_path(model, tree=tree)
     with model_policies.temporary_policies(model, tree=tree):
         if policy is not None:
-            to_policy = {p: policy for p, l in layers.items() if l.compute_dtype in LOW}
-            model_policies.set_policies(model, to_policy, tree=tree)
+            sixteen_now = [p for p, l in layers.items() if l.compute_dtype in LOW]
+            # A model built without keras_amp.enable(): measured as if built under `policy`.
+            to_policy = sixteen_now or [p for p, l in layers.items() if l.compute_dtype == FLOAT32]
+            model_policies.set_policies(model, {p: policy for p in to_policy}, tree=tree)
         current = model_policies.policy_names(model, tree=tree)
+        sixteen = [p for p, l in layers.items() if l.compute_dtype in LOW]
+        _check_something_to_search(model, sixteen, patterns, candidates, policy)
+        sixteen = [p for p in sixteen if patterns is None or _matches(p, patterns)]
+        model_policies.set_policies(model, {p: FLOAT32 for p in current}, tree=tree)
+        ref = measure.reference(model, data_batches, loss_fn)  # first: its errors on the input name `data`
+        model_policies.set_policies(model, current, tree=tree)
         x = keras.utils.unpack_x_y_sample_weight(data_batches[0])[0]
         flops = layer_cost.layer_flops(model, x, tree=tree)
-        sixteen = [p for p, l in layers.items() if l.compute_dtype in LOW and (patterns is None or _matches(p, patterns))]
-        # An RNN's cell is decided with its RNN (`model_policies.decision_unit`): one candidate.
+        # A layer's decision moves every layer below it (`model_policies.unit_members`); an RNN's cell is
+        # decided with its RNN (`model_policies.decision_unit`), whose own work it is.
         units = list(dict.fromkeys(model_policies.decision_unit(layers, p) for p in sixteen))
         members = {u: model_policies.unit_members(layers, u) for u in units}
-        flops = {u: sum(flops.get(m, 0) for m in members[u]) for u in units}
-        pool = [u for u in units if any(layer_cost.costs_something(layers[m], flops[u]) for m in members[u])]
+        own = {u: model_policies.own_members(layers, u) for u in units}
+        flops = {u: sum(flops.get(m, 0) for m in own[u]) for u in units}
+        pool = [u for u in units if any(layer_cost.costs_something(layers[m], flops[u]) for m in own[u])]
         left_out = tuple(u for u in units if u not in pool)
-        all32 = {p: FLOAT32 for p in current}
         progress = Progress(verbose, len(pool), len(left_out), len(data_batches))
+        failed: dict[str, str] = {}
 
-        def measure(float32_units: Iterable[str], what: str) -> Errors:
-            chosen = {m for u in float32_units for m in members.get(u, [u])}
-            policies = {p: (FLOAT32 if p in chosen else current[p]) for p in current}
-            model_policies.set_policies(model, policies, tree=tree)
-            errors = _errors(_run(model, data_batches, loss_fn), ref)
+        def measured(float32_paths: set, what: str, *, must_run: bool = False) -> Errors:
+            model_policies.set_policies(model, {p: (FLOAT32 if p in float32_paths else current[p]) for p in current},
+                                        tree=tree)
+            try:
+                errors = measure.errors(measure.run(model, data_batches, loss_fn), ref)
+            except (tf.errors.InvalidArgumentError, TypeError, ValueError) as e:
+                if must_run:
+                    raise
+                # A layer mixing float32 and 16-bit results in a raw op (ran as it is and all float32).
+                errors, failed[what] = measure.NOT_VIABLE, user_site.one_line(e)
             progress.step(what, errors)
             return errors
+
+        def with_float32(float32_units: Iterable[str], what: str) -> Errors:
+            return measured(set(model_policies.float32_policies(model, float32_units, tree=tree)), what)
 
         def ok(errors: Errors) -> bool:
             return errors.finite and errors.loss <= tolerance and (
                 gradient_tolerance is None or errors.gradient <= gradient_tolerance)
 
-        model_policies.set_policies(model, all32, tree=tree)
-        ref = _run(model, data_batches, loss_fn)
-        if not all(math.isfinite(r[0]) for r in ref):
-            raise ValueError("The all-float32 model gives a non-finite loss on `data`: nothing to compare against.")
         progress.step("every layer float32 (the reference)", None)
         passes = 1
-        as_is = measure([], "the model as it is")
+        as_is = measured(set(), "the model as it is", must_run=True)
         passes += 1
-        sens = {}
+        sens, alone = {}, {}
         for path in pool:
-            sens[path] = measure([p for p in current if p not in members[path]], f"{path} alone in 16 bits")
+            alone[path] = f"{path} alone in 16 bits"
+            sens[path] = measured(set(current) - set(members[path]), alone[path])
             passes += 1
 
-        def severity(p):
+        def severity(p):  # a layer that does not run alone in 16 bits: no evidence, last
             s = sens[p]
-            return tuple(v if math.isfinite(v) else math.inf for v in (s.loss, s.gradient, s.output))
+            values = (s.loss, s.gradient, s.output)
+            return (alone[p] not in failed, *(v if math.isfinite(v) else math.inf for v in values))
 
-        order = sorted(pool, key=severity, reverse=True)
+        order = _order(sorted(pool, key=severity, reverse=True), members)
         cap = len(order) if budget is None else min(budget, len(order))
         chosen: list[str] = []
         final = as_is
@@ -322,7 +298,7 @@ def search_precision(
             lo, hi, best = 1, cap, None
             while lo <= hi:  # smallest passing prefix, assuming more float32 never hurts
                 mid = (lo + hi) // 2
-                errors = measure(order[:mid], f"the {mid} most sensitive float32")
+                errors = with_float32(order[:mid], f"the {mid} most sensitive float32")
                 passes += 1
                 if ok(errors):
                     best, final, hi = mid, errors, mid - 1
@@ -330,18 +306,18 @@ def search_precision(
                     lo = mid + 1
             if best is None:
                 capped = True
-                chosen = order[:cap]
+                chosen = _outermost(order[:cap], members)
                 progress.expect_total(passes + 1)
-                final = measure(chosen, f"the {cap} most sensitive float32 (the budget)")
+                final = with_float32(chosen, f"the {cap} most sensitive float32 (the budget)")
                 passes += 1
             else:
-                chosen = order[:best]
+                chosen = _outermost(order[:best], members)  # the rest are float32 with a layer above them
                 progress.expect_total(passes + len(chosen) - 1)
                 for path in reversed(list(chosen)):  # prune the least sensitive first
                     if len(chosen) == 1:
                         break
                     trial = [p for p in chosen if p != path]
-                    errors = measure(trial, f"without {path} in float32 (pruning)")
+                    errors = with_float32(trial, f"without {path} in float32 (pruning)")
                     passes += 1
                     if ok(errors):
                         chosen, final = trial, errors
@@ -352,16 +328,22 @@ def search_precision(
     decisions = []
     budget_short = capped and cap < len(order)  # else: every candidate float32, and still not met
     for path in order:
+        above = next((c for c in chosen if c != path and path in members[c]), None)
         if path in chosen:
             reason = "kept float32: needed to meet the tolerance" if not capped else (
                 f"kept float32 (one of the budget={budget} most sensitive); the tolerance is not met" if budget_short
                 else "kept float32; the tolerance is not met even with every candidate in float32")
             decision = FLOAT32
+        elif above is not None:
+            reason, decision = f"float32 with {above}, a layer above it kept float32 with every layer below it", FLOAT32
         else:
             reason = ("16-bit is within tolerance together with the float32 layers" if not capped else
                       f"16-bit: past budget={budget}; the tolerance is not met")
             decision = current[path]
-        decisions.append(LayerDecision(path, type(layers[path]).__name__, sens[path], sizes[path] / total, decision, reason))
+        if alone[path] in failed:
+            reason += f"; alone in 16 bits (the layers around it float32) it does not run: {failed[alone[path]]}"
+        decisions.append(LayerDecision(path, type(layers[path]).__name__, sens[path], sizes[path] / total, decision,
+                                       reason))
     chosen_in_order = tuple(p for p in layers if p in chosen)
     return SearchResult(
         rules={re.escape(p): FLOAT32 for p in chosen_in_order},

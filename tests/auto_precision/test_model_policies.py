@@ -120,8 +120,13 @@ def test_an_rnn_cell_is_decided_with_its_outermost_rnn_other_layers_alone():
                      "bi/backward_gru": "bi/backward_gru", "bi/backward_gru/gru_cell": "bi/backward_gru",
                      "lstm": "lstm", "lstm/lstm_cell": "lstm", "out": "out"}
     assert model_policies.unit_members(layers, "lstm") == ["lstm", "lstm/lstm_cell"]
-    assert model_policies.unit_members(layers, "bi") == ["bi"]  # a wrapper, not an RNN: its layers decide apart
-    assert model_policies.unit_members(layers, "out") == ["out"]
+    # A wrapper's decision moves the layers below it, as `float32_policies` does; their own work is decided apart.
+    bi = ["bi", "bi/forward_gru", "bi/forward_gru/gru_cell", "bi/backward_gru", "bi/backward_gru/gru_cell"]
+    assert model_policies.unit_members(layers, "bi") == bi
+    assert sorted(model_policies.unit_members(layers, "bi")) == sorted(model_policies.float32_policies(model, ["bi"]))
+    assert model_policies.own_members(layers, "bi") == ["bi"]
+    assert model_policies.own_members(layers, "bi/forward_gru") == ["bi/forward_gru", "bi/forward_gru/gru_cell"]
+    assert model_policies.unit_members(layers, "out") == ["out"] == model_policies.own_members(layers, "out")
     assert model_policies.decision_unit(model_policies.layers_by_path(_nested()), "block/inner_a") == "block/inner_a"
 
 

@@ -91,6 +91,8 @@ def test_from_search_with_no_float32_layer_has_nothing_to_raise():
         ProgressivePrecision.from_search(result, at=1)
     with pytest.raises(ValueError, match="top"):
         ProgressivePrecision.from_search(result, at=1, top=0)
+    with pytest.raises(ValueError, match=r"`at` must be an integer >= 0\. Received: at=-1"):
+        ProgressivePrecision.from_search(result, at=-1)
 
 
 def test_unknown_layer_fails_loudly():

@@ -4,12 +4,15 @@ import itertools
 import math
 
 import keras
+import keras_hub
 import numpy as np
 import pytest
+import tensorflow as tf
 
+import keras_amp
 from auto_precision_models import Amplify, Offset, SubclassedSensitive, regression_data, sensitive_model
 from keras_amp.auto_precision import model_policies, search_precision
-from keras_amp.auto_precision import search as search_module
+from keras_amp.auto_precision import measure
 from tests.helpers import count_walks
 
 X, Y = regression_data()
@@ -20,10 +23,10 @@ def _passes(model, float32_paths, tolerance):
     """Brute-force oracle: does keeping exactly `float32_paths` float32 meet the tolerance?"""
     with model_policies.temporary_policies(model):
         model_policies.set_policies(model, {p: "float32" for p in model_policies.policy_names(model)})
-        ref = search_module._run(model, BATCHES, keras.losses.get("mse"))
+        ref = measure.run(model, BATCHES, measure.loss_of(model, "mse"))
     with model_policies.temporary_policies(model):
         model_policies.set_policies(model, {p: "float32" for p in float32_paths})
-        errors = search_module._errors(search_module._run(model, BATCHES, keras.losses.get("mse")), ref)
+        errors = measure.errors(measure.run(model, BATCHES, measure.loss_of(model, "mse")), ref)
     return errors.finite and errors.loss <= tolerance
 
 
@@ -206,3 +209,140 @@ def test_an_lstm_is_one_candidate_with_its_cell_and_its_float32_survives_a_keras
     loaded = keras.saving.load_model(tmp_path / "m.keras")
     policies = model_policies.policy_names(loaded)
     assert policies == model_policies.policy_names(model) and policies["lstm/lstm_cell"] == "float32"
+
+
+def _hub_backbone(name):
+    """A tiny keras-hub backbone (random weights, offline) with one output, one batch for it, and the
+    candidates: its transformer block and a layer inside it."""
+    rng = np.random.default_rng(0)
+    ids, mask = rng.integers(0, 64, (1, 4)).astype("int32"), np.ones((1, 4), "int32")
+    text = dict(vocabulary_size=64, num_layers=1, num_heads=2, hidden_dim=16, intermediate_dim=32,
+                max_sequence_length=16)
+    if name == "gpt2":
+        model, x = keras_hub.models.GPT2Backbone(**text), {"token_ids": ids, "padding_mask": mask}
+        block, inside = "transformer_layer_0", "feedforward_output_dense"
+    elif name == "bert":
+        bert = keras_hub.models.BertBackbone(**text)
+        model = keras.Model(bert.inputs, bert.output["sequence_output"])  # the search takes one output
+        x = {"token_ids": ids, "padding_mask": mask, "segment_ids": np.zeros_like(ids)}
+        block, inside = "transformer_layer_0", "self_attention_layer_norm"
+    else:
+        model = keras_hub.models.ViTBackbone(image_shape=(8, 8, 3), patch_size=4, num_layers=1, num_heads=2,
+                                             hidden_dim=16, mlp_dim=32)
+        x = rng.random((1, 8, 8, 3)).astype("float32")
+        block, inside = "vit_encoder/transformer_block_1", "mlp/dense_2"
+    return model, (x, rng.normal(size=model(x).shape).astype("float32")), block, f"{block}/{inside}"
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("backbone", ["gpt2", "bert", "vit"])
+def test_keras_hub_backbones_are_searched_with_their_blocks_as_candidates(backbone, policy):
+    # A transformer block adds its input to its sublayers' results with a raw `x + residual`. The block
+    # had been measured "alone in 16 bits" with float32 sublayers: AddV2 refused a half and a float tensor.
+    keras_amp.enable(policy)
+    keras.utils.set_random_seed(0)
+    model, data, block, inside = _hub_backbone(backbone)
+    before = model_policies.policy_names(model)
+    # Tolerance 0: past the prefix search to the budget's end, every candidate float32.
+    result = search_precision(model, data, loss="mse", tolerance=0.0, candidates=[block, inside], verbose=0)
+    assert model_policies.policy_names(model) == before
+    decisions = {d.path: d for d in result.layers}
+    assert list(decisions) == [inside, block]  # the layer inside first: float32, the block takes it along
+    assert decisions[block].sensitivity.finite and "does not run" not in decisions[block].reason
+    if backbone == "bert":  # its layer norm's result meets a 16-bit one in `x + residual`
+        assert "alone in 16 bits (the layers around it float32) it does not run" in decisions[inside].reason
+    assert result.float32_layers == (block,) and decisions[inside].decision == "float32"
+    # Applied, the model runs, and its errors are those the search measured for it.
+    loss = measure.loss_of(model, "mse")
+    with model_policies.temporary_policies(model):
+        model_policies.set_policies(model, {p: "float32" for p in before})
+        ref = measure.run(model, [data], loss)
+    result.apply(model)
+    assert measure.errors(measure.run(model, [data], loss), ref) == result.errors_final
+
+
+@keras.saving.register_keras_serializable(package="keras_amp_tests")
+class _Residual(keras.layers.Layer):
+    """x + inner(x) with a raw TensorFlow add, which takes one dtype: it runs only where the layer and its
+    Dense compute in one dtype."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.inner = keras.layers.Dense(16, name="inner")
+
+    def build(self, input_shape):
+        self.inner.build(input_shape)
+
+    def call(self, x):
+        return tf.add(self.inner(x), x)
+
+
+def test_a_configuration_that_does_not_run_is_not_viable_and_the_result_is_what_was_measured():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((8,))
+    h = _Residual(name="block")(keras.layers.Dense(16, name="d1")(inp))
+    model = keras.Model(inp, keras.layers.Dense(1, name="out")(Offset(name="sensitive")(h)))
+    model.compile("adam", "mse")
+    result = search_precision(model, BATCHES, tolerance=1e-9, verbose=0)
+    decisions = {d.path: d for d in result.layers}
+    # The Dense alone in 16 bits inside a float32 block does not run (a bfloat16 and a float32 tensor meet
+    # in the add): not viable, said so, and the search goes on. The block with its Dense in 16 bits runs.
+    inner = decisions["block/inner"]
+    assert not inner.sensitivity.finite and "alone in 16 bits (the layers around it float32) it does not run" in \
+        inner.reason and "AddV2" in inner.reason, inner.reason
+    assert decisions["block"].sensitivity.finite
+    # Float32, the block takes its Dense along: the inner layer is float32 with it, not a layer of its own.
+    assert "block" in result.float32_layers and "block/inner" not in result.float32_layers
+    assert inner.decision == "float32" and inner.reason.startswith("float32 with block, a layer above it")
+    # Applied, the result is the configuration the search measured last.
+    with model_policies.temporary_policies(model):
+        model_policies.set_policies(model, {p: "float32" for p in model_policies.policy_names(model)})
+        ref = measure.run(model, BATCHES, measure.loss_of(model, None))
+    result.apply(model)
+    assert model.get_layer("block").inner.dtype_policy.name == "float32"
+    assert measure.errors(measure.run(model, BATCHES, measure.loss_of(model, None)), ref) == result.errors_final
+
+
+def test_sample_weights_weigh_the_loss_as_fit_does_with_a_loss_name():
+    # Before: "mean_squared_error() takes 2 positional arguments but 3 were given".
+    x, y = BATCHES[0]
+    w = (np.arange(len(x)) % 2).astype("float32")  # every other row
+    weighted = search_precision(sensitive_model("mixed_bfloat16"), (x, y, w), verbose=0)
+    rows = search_precision(sensitive_model("mixed_bfloat16"), (x[w > 0], y[w > 0]), verbose=0)
+    unweighted = search_precision(sensitive_model("mixed_bfloat16"), (x, y), verbose=0)
+    # Loss and gradient errors are relative: a weighted mean over the batch equals the mean over its rows.
+    assert weighted.errors_as_is.loss == pytest.approx(rows.errors_as_is.loss, rel=1e-3)
+    assert weighted.errors_as_is.gradient == pytest.approx(rows.errors_as_is.gradient, rel=1e-3)
+    assert abs(unweighted.errors_as_is.loss - rows.errors_as_is.loss) > 1e-3 * rows.errors_as_is.loss  # guard
+    ds = tf.data.Dataset.from_tensor_slices((x, y, w)).batch(64)
+    from_ds = search_precision(sensitive_model("mixed_bfloat16"), ds, verbose=0)
+    assert from_ds.errors_as_is == weighted.errors_as_is and from_ds.float32_layers == ("sensitive",)
+
+
+def test_a_target_of_none_or_a_batch_the_model_cannot_take_is_an_error_naming_data():
+    model = sensitive_model("mixed_bfloat16")
+    x, y = BATCHES[0]
+    with pytest.raises(ValueError, match=r"`data` must yield \(x, y\[, sample_weight\]\) batches with targets y"):
+        search_precision(model, (x, None), verbose=0)  # before: "Attempt to convert a value (None)"
+    with pytest.raises(ValueError) as info:
+        search_precision(model, (np.ones((64, 5), "float32"), y), verbose=0)
+    # Before: "in user code: File .../audit.py ..." about `x`.
+    assert str(info.value).startswith("`data` must yield (x, y[, sample_weight]) batches that model 'sensitive_model'")
+    assert "found shape=(64, 5)" in str(info.value) and "in user code" not in str(info.value)
+
+
+def test_a_model_without_16_bit_layers_is_an_error_naming_its_policy_unless_a_policy_is_given():
+    model = sensitive_model("float32")  # built without keras_amp.enable()
+    before = model_policies.policy_names(model)
+    # Before: "0 float32 layer(s) of 0 candidates", silently.
+    with pytest.raises(ValueError, match=r"every layer of model 'sensitive_model' computes in float32 \(its dtype "
+                                         r"policy: 'float32'\), so there is nothing to search"):
+        search_precision(model, BATCHES, verbose=0)
+    result = search_precision(model, BATCHES, policy="mixed_bfloat16", verbose=0)
+    assert result.float32_layers == ("sensitive",) and len(result.layers) == 3
+    assert model_policies.policy_names(model) == before
+    mixed = sensitive_model("mixed_bfloat16")
+    model_policies.set_policies(mixed, {"d1": "float32"})
+    with pytest.raises(ValueError, match=r"`candidates` must match layers computing in 16 bits"):
+        search_precision(mixed, BATCHES, candidates=["d1"], verbose=0)
