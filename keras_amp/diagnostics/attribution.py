@@ -6,6 +6,9 @@ functional operator node's) `call` for the duration of the trace only, recording
 it created; `assign_owners` gives each op to the innermost layer that created it. TensorFlow
 (2.21) creates the gradient of an op made in name scope S under "gradient_tape/S/", and a scope
 is unique in its graph, so each gradient op maps back to the layer that created the ops of S.
+Keras casts a layer's inputs to its compute dtype in the caller's scope (a functional model's):
+those casts go to the layer they feed, and their gradients, by dataflow, to the layer on the
+16-bit side (`_adopt_gradient_casts`).
 Loop and branch bodies (an RNN's cell) are graphs of their own, recorded the same way
 (`body_owners`); what no layer call created there belongs to the layer running the loop. This is
 exact where reading layer names out of scopes is not: scopes are uniquified per graph (with a
@@ -137,6 +140,7 @@ def _owners(ops: list, events: list, model_name: str, forward_end: int, model_st
     _adopt_input_casts(ops[:forward_end], owners, model_name)
     for op in ops[forward_end:]:
         owners.append(_backward_owner(op.name, by_scope))
+    _adopt_gradient_casts(ops, owners, forward_end, model_name)
     return owners
 
 
@@ -239,6 +243,63 @@ def _adopt_input_casts(ops: list, owners: list, model_name: str) -> None:
         # Only a caller's cast feeding one of its sublayers: a layer's own output cast stays its own.
         if owner not in (INPUT, LOSS, caller) and (caller == model_name or owner.startswith(caller + "/")):
             owners[i] = owner
+
+
+def _containers(owners: list, model_name: str) -> set[str]:
+    """The model and every layer path that holds another owner's path: callers of sublayers."""
+    return {model_name} | {o.rsplit("/", k)[0] for o in owners for k in range(1, o.count("/") + 1)}
+
+
+def float_cast(op: Any) -> tuple[Any, Any] | None:
+    """(source dtype, target dtype) of a Cast between float widths (float16 and float32); None otherwise."""
+    if op.type != "Cast":
+        return None
+    src, dst = op.inputs[0].dtype, op.outputs[0].dtype
+    return (src, dst) if src.is_floating and dst.is_floating and src.size != dst.size else None
+
+
+def linked_owners(ops: list, owners: list, i: int, lo: int, *, downstream: bool,
+                  index: dict | None = None) -> list[str]:
+    """Owners of the ops in `ops[lo:]` that take op i's output (`downstream`) or feed its input.
+
+    Gradient sums (the AddN of a tensor used twice) are looked through to the layers beyond them.
+    `index`: op name -> position in `ops`, when the caller has built it.
+    """
+    index = {op.name: j for j, op in enumerate(ops)} if index is None else index
+    seen, todo, found = {i}, [i], []
+    while todo:
+        op = ops[todo.pop()]
+        near = [c for t in op.outputs for c in t.consumers()] if downstream else [t.op for t in op.inputs]
+        for j in (index.get(n.name) for n in near):
+            if j is None or j < lo or j in seen:
+                continue
+            seen.add(j)
+            if owners[j] == GRADIENT_SUM:
+                todo.append(j)
+            elif owners[j] not in found:
+                found.append(owners[j])
+    return found
+
+
+def _adopt_gradient_casts(ops: list, owners: list, forward_end: int, model_name: str) -> None:
+    """Gives the gradient of a caller's cast to the layer on its 16-bit side, found by dataflow.
+
+    The casts `Layer.__call__` makes of a layer's inputs sit in the caller's name scope (a
+    functional model's), and so do their gradients: the gradient of a float32 head's input, cast
+    down to float16 for the float16 layer whose output fed it, is named after no layer. What it
+    casts decides: a cast to a narrower float belongs to the one layer whose gradient ops take its
+    output (the gradient of that layer's output), a cast to a wider one to the layer whose
+    gradient ops feed it. A caller's own ops taking it (attention's scores) keep it the caller's.
+    """
+    containers = _containers(owners, model_name)
+    index = {op.name: j for j, op in enumerate(ops)}
+    for i in range(forward_end, len(ops)):
+        dtypes = float_cast(ops[i]) if owners[i] in containers else None
+        if dtypes is None:
+            continue
+        found = linked_owners(ops, owners, i, forward_end, downstream=dtypes[1].size < dtypes[0].size, index=index)
+        if len(found) == 1 and found[0] not in (INPUT, LOSS):
+            owners[i] = found[0]
 
 
 def _backward_owner(name: str, by_scope: dict) -> str:

@@ -4,8 +4,10 @@ One batch runs forward and backward (at the loss scale training uses) in a step 
 every graph op's output reduced to "all finite?" and "largest |value|". An op *produces* a
 non-finite value when its output is non-finite while all of its inputs are finite; the first such
 op in the forward pass, and the first in the backward pass, are reported with the layer that
-created them. Layers that only pass a NaN on are not blamed. The reductions are outputs of the
-step, not checks: unlike `tf.debugging.check_numerics`, they also run under XLA.
+created them. Layers that only pass a NaN on are not blamed. A cast at a float16/float32 boundary
+(of a layer's input to its compute dtype, or that cast's gradient) is the layer's on its 16-bit
+side, and `Producer.boundary` says what it cast. The reductions are outputs of the step, not
+checks: unlike `tf.debugging.check_numerics`, they also run under XLA.
 
 Because every intermediate value is fetched, graph rewrites that would drop an intermediate do
 not happen in this step: grappler may compute `x * a * b` (scalars a, b) as `x * (a * b)` in a
@@ -42,12 +44,15 @@ class Producer:
         op_type: String. The op's type ("MatMul", "Exp", "Cast", "ReadVariableOp": the layer's
             weights are non-finite).
         phase: String. "forward" or "backward".
+        boundary: String. For a cast between float widths (Keras's cast of a layer's input to its
+            compute dtype, or that cast's gradient): what it casts, from which layer to which; "" otherwise.
     """
 
     layer: str
     op: str
     op_type: str
     phase: str
+    boundary: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +138,7 @@ class OverflowReport:
         for phase, p in (("forward", self.forward), ("backward", self.backward)):
             if p is not None:
                 lines.append(f"  {phase}: first non-finite value produced in layer {p.layer!r} "
-                             f"(op {p.op_type} {p.op!r})")
+                             f"(op {p.op_type} {p.op!r})" + (f": {p.boundary}" if p.boundary else ""))
             elif phase == "backward" and self.backward_note:
                 lines.append(f"  backward: {self.backward_note}")
             else:
@@ -239,8 +244,54 @@ def _first_producer(trace, measured, finite, start, stop, phase) -> Producer | N
             continue
         op = trace.ops[i]
         if not any(bad_ops.get(index.get(t.op.name)) for t in op.inputs if t.dtype.is_floating):
-            return Producer(layer=trace.owners[i], op=op.name, op_type=op.type, phase=phase)
+            return Producer(layer=trace.owners[i], op=op.name, op_type=op.type, phase=phase,
+                            boundary=_boundary(trace, i, start))
     return None
+
+
+def _boundary(trace, i, start) -> str:
+    """What a cast between float widths casts: whose output (forward) or gradient (backward), for which layer."""
+    dtypes = attribution.float_cast(trace.ops[i])
+    if dtypes is None:
+        return ""
+    src, dst = dtypes
+    names = {attribution.INPUT: "the batch", attribution.LOSS: "the loss"}
+    source = attribution.linked_owners(trace.ops, trace.owners, i, start, downstream=False)
+    source = " and ".join(names.get(s, f"layer {s!r}") for s in source) or "outside the model"
+    what, side = ("gradient", "output") if i >= trace.backward_start else ("values", "input")
+    return (f"at a {src.name}/{dst.name} boundary, the {src.name} {what} from {source} cast to {dst.name} "
+            f"for the {side} of layer {trace.owners[i]!r}")
+
+
+def _check_batch(x: Any, y: Any) -> None:
+    """TypeError or ValueError, before any graph runs, for a batch one step cannot run on."""
+    if x is None:
+        raise TypeError("`x` must be the model's input: an array, a tensor or the structure the model "
+                        "takes. Received: x=None")
+    rows = {}
+    for name, value in (("x", x), ("y", y)):
+        for path, leaf in [] if value is None else keras.tree.flatten_with_path(value):
+            where = name + "".join(f"[{k!r}]" for k in path)
+            try:
+                tensor = leaf if tf.is_tensor(leaf) else tf.convert_to_tensor(leaf)
+            except (TypeError, ValueError):
+                tensor = None
+            if tensor is None or name == "y" and not (tensor.dtype.is_floating or tensor.dtype.is_integer
+                                                      or tensor.dtype.is_bool):
+                allowed = "numbers (the labels)" if name == "y" else "values the model takes"
+                got = (f"{where} of dtype {leaf.dtype}, shape {tuple(leaf.shape)}" if hasattr(leaf, "shape")
+                       else f"{where}={leaf!r:.80} of type {type(leaf).__name__}")
+                raise TypeError(f"`{where}` must be an array or tensor of {allowed}. Received: {got}")
+            if len(tensor.shape) and tensor.shape[0] is not None:
+                rows[where] = (int(tensor.shape[0]), tuple(tensor.shape))
+    xs = {n for w, (n, _) in rows.items() if w[0] == "x"}
+    if 0 in xs:
+        raise ValueError("`x` must hold at least one sample (an empty batch has no loss to overflow). "
+                         f"Received: x with batch size 0 (shapes {[s for w, (_, s) in rows.items() if w[0] == 'x']})")
+    if len({n for n, _ in rows.values()}) > 1:
+        need = ("`x` must hold the same number of samples in every array" if len(xs) > 1 else
+                "`y` must hold one label row per sample of `x` (the same batch size)")
+        raise ValueError(f"{need}. Received: {', '.join(f'{w} of shape {s}' for w, (_, s) in rows.items())}")
 
 
 def _headroom(max_abs: float, dtype: str) -> float | None:
@@ -289,14 +340,7 @@ def find_overflow(model: keras.Model, x: Any, y: Any = None, loss: Any = None, *
         >>> report.offending_layers()   # ["block_3/attention"]: candidates for float32
     """
     validation.check_type("model", model, keras.Model, "a keras.Model")
-    if x is None:
-        raise TypeError("`x` must be the model's input: an array, a tensor or the structure the model "
-                        "takes. Received: x=None")
-    rows = [int(t.shape[0]) for t in keras.tree.flatten(x)
-            if getattr(t, "shape", None) is not None and len(t.shape) and t.shape[0] is not None]
-    if rows and min(rows) == 0:
-        raise ValueError("`x` must hold at least one sample (an empty batch has no loss to overflow). "
-                         f"Received: x with batch size 0 (shapes {[tuple(t.shape) for t in keras.tree.flatten(x)]})")
+    _check_batch(x, y)
     training = validation.check_bool("training", training)
     if tree is not None:
         model_graph.layer_tree(model, tree)  # checked here: the step is traced later

@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_amp
 from keras_amp import model_graph, op_rules
@@ -113,3 +114,25 @@ def test_an_operator_node_of_a_functional_model_owns_its_ops_forward_and_backwar
     # The step's own `loss * scale` is the loss's; its gradient, outside every layer, a gradient sum.
     assert sorted(muls) == [(False, False, attribution.LOSS), (False, False, "multiply"),
                             (True, False, "multiply"), (True, True, attribution.GRADIENT_SUM)]
+
+
+def test_the_gradient_of_a_boundary_cast_belongs_to_the_layer_on_its_16_bit_side():
+    # Layer.__call__ casts the float32 head's float16 input in the model's scope, outside every
+    # layer's; the gradient of that cast (float32 down to float16, the gradient of blk/b's output)
+    # is blk/b's: by what it casts, not by where it sits. The wider cast of x stays a's.
+    keras.config.set_dtype_policy("mixed_float16")
+    trace = _traced(_shared_and_nested())
+    backward = list(zip(trace.ops[trace.backward_start:], trace.owners[trace.backward_start:]))
+    casts = [(op, owner) for op, owner in backward
+             if op.type == "Cast" and (op.inputs[0].dtype, op.outputs[0].dtype) == (tf.float32, tf.float16)]
+    assert [owner for _, owner in casts] == ["blk/b"], [op.name for op, _ in casts]
+    (op, _), = casts
+    # Guard: the edge case is reached, the cast sits in the model's scope (no layer's) and casts the
+    # gradient of head's input.
+    assert op.name.rpartition("/")[0].rpartition("/")[0] == "gradient_tape/m_1", op.name
+    assert trace.owners[trace.ops.index(op.inputs[0].op)] == "head"
+    assert attribution.linked_owners(trace.ops, trace.owners, trace.ops.index(op), trace.backward_start,
+                                     downstream=False) == ["head"]
+    # The layers' own backward casts (float16 weight gradients to their float32 variables) stay theirs.
+    assert {owner for op, owner in backward if op.type == "Cast"
+            and (op.inputs[0].dtype, op.outputs[0].dtype) == (tf.float16, tf.float32)} == {"a", "blk/b"}

@@ -1,5 +1,6 @@
 """find_overflow: the producing layer forward and backward, headroom, underflow; every model kind, XLA."""
 
+import functools
 import math
 
 import keras
@@ -226,13 +227,26 @@ def test_non_finite_data_is_named_and_comes_first(policy, where):
         (f"inputs['f']: 1 of {x.size} values NaN/inf, first at row 3, feature 0",) if where == "inputs" else ())
 
 
-def test_an_empty_batch_is_a_clear_value_error():
+def test_a_batch_no_step_can_run_on_is_refused_before_any_graph_runs():
+    # An empty batch, labels that are not numbers (a string label once failed in the graph with
+    # UnimplementedError), or arrays whose batch sizes differ (once TF's "Dimensions must be equal").
     keras.config.set_dtype_policy("mixed_float16")
     model, _ = _build("functional", BACKWARD)
     model.compile(loss="mse")
     x, y = _batch()
     with pytest.raises(ValueError, match=r"`x` must hold at least one sample.*Received: x with batch size 0"):
         find_overflow(model, x[:0], y[:0])
+    with pytest.raises(TypeError, match=r"`y` must be an array or tensor of numbers.*Received: y='y' of type str"):
+        find_overflow(model, x, "y")
+    with pytest.raises(TypeError, match=r"`y\[1\]` must be .* numbers.*Received: y\[1\] of dtype <U1, shape \(16,\)"):
+        find_overflow(model, x, [y, np.array(["a"] * 16)])
+    with pytest.raises(ValueError, match=r"`y` must hold one label row per sample of `x` .*"
+                                         r"Received: x of shape \(16, 8\), y of shape \(3, 7\)"):
+        find_overflow(model, x, np.ones((3, 7)))
+    with pytest.raises(ValueError, match=r"`x` must hold the same number of samples in every array"):
+        find_overflow(model, {"a": x, "b": x[:4]}, y)
+    with pytest.raises(TypeError, match=r"`x` must be an array or tensor of values the model takes"):
+        find_overflow(model, object(), y)
 
 
 def test_labels_optional_and_a_loss_needs_them():
@@ -304,8 +318,8 @@ def test_default_scale_is_the_one_training_runs_at(tier):
     after = find_overflow(model, x, y)
     expected = {"auto": 2.0**10, None: 2.0**15, "large": 2.0**16}[tier]  # 80 parameters: "small"
     assert before.loss_scale == after.loss_scale == opt.scale == expected
-    assert str(before).startswith(f"find_overflow('{model.name}'): loss=") and f"at loss scale {expected:g}" in str(before)
-
+    assert str(before).startswith(f"find_overflow('{model.name}'): loss=")
+    assert f"at loss scale {expected:g}" in str(before)
 
 
 @pytest.mark.parametrize("kind", ["functional", "subclassed"])
@@ -325,3 +339,57 @@ def test_one_walk_of_the_model_and_a_tree_passed_in_is_read_instead(kind, monkey
         find_overflow(other, x, y, loss="mse", tree=tree)
     with pytest.raises(TypeError, match="`tree`"):
         find_overflow(model, x, y, loss="mse", tree={})
+
+
+class Chain(keras.Model):
+    def __init__(self, layers):
+        super().__init__(name="chain")
+        self.chain = layers
+
+    def call(self, x):
+        return functools.reduce(lambda h, layer: layer(h), self.chain, x)
+
+
+def _boundary_model(kind, direction, narrow_dtype=None):
+    """A float16 layer "narrow" beside float32 ones; Keras casts between them in the caller's scope.
+
+    backward: narrow feeds the float32 head (kernel 20), whose input gradient (~2.5e5 for 1e5
+    targets) overflows float16 where it is cast down for narrow's output. forward: the float32
+    layer "big" (kernel 1e4) outputs ~5e5, cast down to float16 for narrow's input.
+    """
+    c, back = keras.initializers.Constant, direction == "backward"
+    chain = [keras.layers.Dense(8, name="a", kernel_initializer="ones")]
+    chain += [] if back else [keras.layers.Dense(8, dtype="float32", name="big", kernel_initializer=c(1e4))]
+    chain += [keras.layers.Dense(8, name="narrow", dtype=narrow_dtype,
+                                 kernel_initializer=c(1e-3 if back else 1e-5)),
+              keras.layers.Dense(1, dtype="float32", name="head", kernel_initializer=c(20.0 if back else 1e-3))]
+    if kind == "subclassed":
+        model = Chain(chain)
+        model(np.zeros((1, 8), "float32"))
+        return model, "narrow"
+    inp = keras.Input((8,))
+    if kind == "nested":  # the 16-bit side inside a block, the head outside
+        return keras.Model(inp, chain[-1](keras.Sequential(chain[:-1], name="blk")(inp))), "blk/narrow"
+    return keras.Sequential([inp, *chain]), "narrow"
+
+
+@pytest.mark.parametrize("direction", ["backward", "forward"])
+@pytest.mark.parametrize("kind", ["sequential", "nested", "subclassed"])
+def test_an_overflow_at_a_float16_float32_boundary_names_the_16_bit_layer(kind, direction):
+    keras.config.set_dtype_policy("mixed_float16")
+    model, path = _boundary_model(kind, direction)
+    x, y = _batch()[0], np.full((16, 1), 1e5 if direction == "backward" else 0.0, "float32")
+    report = find_overflow(model, x, y, "mse", loss_scale=1.0)
+    producer = report.forward if direction == "forward" else report.backward
+    assert producer is not None and producer.layer == path and producer.op_type == "Cast", str(report)
+    assert report.offending_layers() == [path]
+    # Guard: the cast sits in the model's or the block's scope, not in the layer's.
+    assert "narrow" not in producer.op, producer.op
+    source, side = (("gradient from layer 'head'", "output") if direction == "backward" else
+                    (f"values from layer '{path.replace('narrow', 'big')}'", "input"))
+    assert producer.boundary == (f"at a float32/float16 boundary, the float32 {source} cast to float16 "
+                                 f"for the {side} of layer '{path}'")
+    assert producer.boundary in str(report)
+    # Fixed: the named layer computes in float32, and the step is finite.
+    fixed, _ = _boundary_model(kind, direction, narrow_dtype="float32")
+    assert find_overflow(fixed, x, y, "mse", loss_scale=1.0).ok
