@@ -108,6 +108,7 @@ class AuditReport:
     model: str
     records: tuple[OpRecord, ...]
     output_dtypes: tuple[str, ...] = ()  # the model call's outputs as they ran (flattened), not their specs
+    output_layers: tuple[str, ...] = ()  # the innermost layer producing each of them ("" when none)
 
     def low_precision(self) -> list[OpRecord]:
         """The sensitive-op records that computed in float16/bfloat16 where that is a hazard."""
@@ -339,4 +340,17 @@ def audit_model(model: keras.Model, x: Any, *, training: bool = False, backward:
                 records.append(OpRecord(matmul.type, "attention", path_of.get(full, path),
                                         op_dtype(matmul), phase, full))
     return AuditReport(model=model.name, records=tuple(records),
-                       output_dtypes=tuple(t.dtype.name for t in traced.model_outputs))
+                       output_dtypes=tuple(t.dtype.name for t in traced.model_outputs),
+                       output_layers=_output_layers(traced.model_outputs, path_of, model.name))
+
+
+def _output_layers(outputs: list, path_of: dict[str, str], model_name: str) -> tuple[str, ...]:
+    """The innermost layer whose op produced each output, through the model's own identities and casts
+    (a block's last sublayer, where the model's graph names the block)."""
+    found = []
+    for t in outputs:
+        op = t.op
+        while path_of.get(op.name, "") in ("", model_name) and op.type in ("Identity", "Cast") and op.inputs:
+            op = op.inputs[0].op
+        found.append(path_of.get(op.name, ""))
+    return tuple(found)

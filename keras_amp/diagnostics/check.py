@@ -283,7 +283,8 @@ def check_model(model: keras.Model, x: Any = None, *, training: bool = False,
                 note = (f"not audited: the probe batch of ones could not run ({type(e).__name__}: {e}); "
                         "pass x= for the op findings")
     # The outputs' dtypes as the traced call gave them, where it ran: a layer's output spec may say otherwise.
-    outputs_found, notes = output_findings(model, loss, ran=report.output_dtypes if report else None)
+    outputs_found, notes = output_findings(model, loss, ran=report.output_dtypes if report else None,
+                                           ran_layers=report.output_layers if report else None)
     found.extend(outputs_found)
     if report is not None:
         found.extend(audit_findings(model, report, found, probe=probed))

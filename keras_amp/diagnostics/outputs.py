@@ -152,13 +152,16 @@ def _check_loss(loss) -> None:
                             f"{type(item).__name__})")
 
 
-def output_findings(model, loss: Any = None, ran: tuple[str, ...] | None = None) -> tuple[list[Finding], list[str]]:
+def output_findings(model, loss: Any = None, ran: tuple[str, ...] | None = None,
+                    ran_layers: tuple[str, ...] | None = None) -> tuple[list[Finding], list[str]]:
     """`output_not_float32` findings, and notes for 16-bit outputs that a float32 log-softmax loss reads.
 
     `loss`: the loss (or structure of losses) the outputs feed; None: the compiled one, if any.
     `ran`: the outputs' dtypes in a traced call of the model (flattened), where one ran: they are
     what the loss reads, where a layer's output spec can differ (keras-hub's ReversibleEmbedding
     reports its compute dtype for the float32 logits it returns). None: the specs (`current_dtype`).
+    `ran_layers`: the innermost layer producing each output in that call (`AuditReport.output_layers`):
+    where the model's graph names a block, the fix names the block's last layer, not the whole block.
     """
     _check_loss(loss)
     try:
@@ -170,11 +173,17 @@ def output_findings(model, loss: Any = None, ran: tuple[str, ...] | None = None)
     findings, notes = [], []
     if ran is not None and len(ran) != len(outputs):
         ran = None  # outputs that are not tensors (None) dropped: positions unknown, read the specs
-    for i, (t, out_loss) in enumerate(zip(outputs, losses)):
+    if ran_layers is None or len(ran_layers) != len(outputs):
+        ran_layers = ("",) * len(outputs)
+    for i, (t, out_loss, inner) in enumerate(zip(outputs, losses, ran_layers)):
         dtype = ran[i] if ran is not None else current_dtype(t)
         if not keras.backend.is_float_dtype(dtype) or dtype == "float32":
             continue
         name = t._keras_history.operation.name
+        # A block's output: its last layer float32 is enough (the block's rule would take its whole subtree).
+        how = ("dtype='float32', keras_amp.layers.OutputHead, or " if not inner.startswith(name + "/")
+               else f"its last layer {inner!r}: ")
+        name = inner if inner.startswith(name + "/") else name
         if out_loss is None:
             why = "no loss is known for it (compile the model, or pass check_model(model, loss=...))"
         else:
@@ -190,7 +199,7 @@ def output_findings(model, loss: Any = None, ran: tuple[str, ...] | None = None)
             "output_not_float32", name,
             f"model output {i} is {dtype} and {why}: the loss and metrics see {dtype}-rounded values",
             "for float32 logits at the 16-bit matmul's speed build the head as keras_amp.layers.Logits; or make "
-            f"it float32 (dtype='float32', keras_amp.layers.OutputHead, or apply_recipe(..., rules={{{name!r}: "
-            "'float32'})); 16-bit logits are safe when the loss is a softmax cross-entropy from logits",
+            f"it float32 ({how}apply_recipe(..., rules={{{name!r}: 'float32'}})); 16-bit logits are safe when "
+            "the loss is a softmax cross-entropy from logits",
         ))
     return findings, notes

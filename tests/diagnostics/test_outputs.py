@@ -99,9 +99,35 @@ def test_nested_model_output_follows_the_inner_layer_set_in_place():
     inner = keras.Model(inner_in, keras.layers.Dense(8, name="head")(inner_in), name="inner")
     inp = keras.Input((16,))
     model = keras.Model(inp, inner(inp))
-    assert [f.layer for f in check.check_model(model).of_kind("output_not_float32")] == ["inner"]
+    # The traced call names the layer inside the nested model whose output the model returns.
+    assert [f.layer for f in check.check_model(model).of_kind("output_not_float32")] == ["inner/head"]
     inner.get_layer("head").dtype_policy = "float32"
     assert check.check_model(model).of_kind("output_not_float32") == []
+
+
+class _Block(keras.layers.Layer):
+    """Calls three layers; the model's graph sees only the block (keras-hub's encoders)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.up, self.down = keras.layers.Dense(32, name="up"), keras.layers.Dense(16, name="down")
+        self.norm = keras.layers.LayerNormalization(name="norm")
+
+    def call(self, x):
+        return self.norm(x + self.down(self.up(x)))
+
+
+def test_a_blocks_output_names_its_last_layer_and_following_the_fix_clears_it():
+    keras_amp.enable("mixed_bfloat16")
+    inp = keras.Input((16,))
+    model = keras.Model(inp, _Block(name="encoder")(inp))
+    (found,) = check.check_model(model).of_kind("output_not_float32")
+    # Before: 'encoder' and rules={'encoder': 'float32'}, which makes every layer inside it float32.
+    assert found.layer == "encoder/norm" and "rules={'encoder/norm': 'float32'}" in found.fix, found
+    keras_amp.apply_recipe(model, "transformer", rules={"encoder/norm": "float32"})
+    assert check.check_model(model).of_kind("output_not_float32") == []
+    assert [layer.dtype_policy.name for layer in (model.get_layer("encoder").up, model.get_layer("encoder").down)] == [
+        "mixed_bfloat16"] * 2  # the block's other layers stay 16-bit
 
 
 def test_loss_of_a_wrong_type_is_refused():
