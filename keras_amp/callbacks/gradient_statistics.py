@@ -24,7 +24,8 @@ class GradientStatistics(keras.callbacks.Callback):
     with at least `threshold` of its elements underflowed or subnormal, or any non-finite, is
     flagged: its gradients underflow (the scale is too small for it) or overflow. Between
     firings it costs one counter increment per step; each firing runs one forward and two
-    backward passes of the probe batch (traced once).
+    backward passes of the probe batch (traced once). A `fit` that ends before its first firing
+    (fewer than `update_freq` steps) fires once at its end, so a short run has its statistics too.
 
     Records go to `records` and to the absl log (one JSON line per firing: the structured
     record), flags to an absl warning, and with `log_dir` to TensorBoard: scalars
@@ -84,6 +85,7 @@ class GradientStatistics(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._probe = gradient_probe.GradientProbe(self.model, *self.probe, loss=self.loss)
+        self._fit_start = (self._steps, len(self.records))
         if self.log_dir:
             self._writer = summaries.Writer(self.log_dir)
 
@@ -129,5 +131,8 @@ class GradientStatistics(keras.callbacks.Callback):
         self._writer.flush()
 
     def on_train_end(self, logs=None):
+        steps, records = getattr(self, "_fit_start", (self._steps, len(self.records)))
+        if self._steps > steps and len(self.records) == records:
+            self.fire()  # the fit ended before its first firing
         if self._writer is not None:
             self._writer.close()

@@ -39,7 +39,7 @@ def _fit(policy, initial_scale, **kwargs):
                                            dynamic_growth_steps=10_000)
     model.compile(optimizer=opt, loss="mse")
     x, y = _data()
-    stats = GradientStatistics((x[:16], y[:16]), update_freq=2, **kwargs)
+    stats = GradientStatistics((x[:16], y[:16]), **{"update_freq": 2, **kwargs})
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[stats])
     return stats
 
@@ -96,6 +96,13 @@ def test_records_in_logs_and_tensorboard(tmp_path, caplog):
 def test_no_work_between_firings():
     stats = _fit("mixed_float16", 1.0)
     assert len(stats.records) == 2  # 4 steps, every 2
+
+
+def test_a_fit_shorter_than_update_freq_fires_once_at_its_end(tmp_path):
+    stats = _fit("mixed_float16", 1.0, update_freq=100, log_dir=str(tmp_path))  # 4 steps
+    assert [r["step"] for r in stats.records] == [4]
+    assert {layer["path"] for layer in stats.records[0]["layers"]} == {"k", "head"}
+    assert list(tmp_path.rglob("events.out.tfevents.*"))  # TensorBoard has them too
 
 
 def test_every_n_steps_is_the_deprecated_name_of_update_freq():
