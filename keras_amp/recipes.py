@@ -253,6 +253,20 @@ def _matches(key: Any, layer: Any, path: str) -> bool:
     return bool(key.fullmatch(layer.name) or key.fullmatch(path))
 
 
+def _say_lowered(model: keras.Model, entries: list[tuple[Any, LayerPolicy]]) -> None:
+    """Warns of float32 layers the plan computes in 16 bits, in a model built with 16-bit layers:
+    there they were chosen (a float32 head), and a recipe that lowers them creates the finding they
+    avoided. A model built wholly in float32 is what a recipe converts: nothing to say."""
+    mixed = any(recipe_roles.is_16bit_dtype(layer.compute_dtype) for layer, _ in entries)
+    lowered = [e.path for layer, e in entries if layer.compute_dtype == FLOAT32
+               and recipe_roles.is_16bit_dtype(e.policy.removeprefix("mixed_"))]
+    if mixed and lowered:
+        logging.warning(
+            "apply_recipe on %r: %s computed in float32 and now compute(s) in 16 bits (the recipe's plan). To "
+            "keep them float32, pass rules=%r", model.name, ", ".join(repr(p) for p in lowered[:8]),
+            {re.escape(p): FLOAT32 for p in lowered[:8]})
+
+
 def plan_recipe(model: keras.Model, recipe: str, rules: Mapping[Any, Any] | None = None) -> RecipePlan:
     """The per-layer policies `apply_recipe(model, recipe, rules)` would set; changes nothing."""
     return _plan(model, recipe, rules)[0]
@@ -297,6 +311,7 @@ def apply_recipe(model: keras.Model, recipe: str, rules: Mapping[Any, Any] | Non
     """
     plan, entries = _plan(model, recipe, rules)
     by_path = {entry.path: (layer, entry) for layer, entry in entries}
+    _say_lowered(model, entries)
     try:  # all or nothing: no half-converted model
         layer_policies.set_in_place((entry.path, layer, entry.policy) for layer, entry in entries)
     except layer_policies.PolicyChangeError as e:

@@ -638,3 +638,23 @@ def test_stock_in_place_setter_keeps_the_16bit_constants_built_before():
     ref = (x.astype(np.float64) - mean) / np.sqrt(variance)
     assert norm.compute_dtype == "float32"  # guard: the policy did change
     assert np.abs(np.asarray(norm(x), np.float64) - ref).max() > 1e-3  # the bfloat16 mean (0.484375) is kept
+
+
+def test_a_float32_layer_the_plan_lowers_is_said_in_a_mixed_model_only(caplog):
+    keras_amp.enable("mixed_bfloat16")
+    inp = keras.Input((8,))
+    model = keras.Model(inp, keras.layers.Dense(4, name="head", dtype="float32")(keras.layers.Dense(8, name="d")(inp)))
+    with caplog.at_level("WARNING"):
+        keras_amp.apply_recipe(model, "transformer")
+    said = [r.getMessage() for r in caplog.records if "apply_recipe on" in r.getMessage()]
+    assert len(said) == 1 and "'head' computed in float32" in said[0] and "rules={'head': 'float32'}" in said[0], said
+    assert model.get_layer("head").compute_dtype == "bfloat16"  # the plan is applied as planned
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        keras_amp.apply_recipe(model, "transformer", rules={"head": "float32"})  # as the warning says
+        # A model built wholly in float32 is what a recipe converts: nothing to say.
+        keras.config.set_dtype_policy("float32")
+        built32 = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, name="only")])
+        keras_amp.apply_recipe(built32, "transformer")
+    assert model.get_layer("head").compute_dtype == "float32" and built32.get_layer("only").compute_dtype == "bfloat16"
+    assert not [r for r in caplog.records if "apply_recipe on" in r.getMessage()]
