@@ -8,6 +8,7 @@ import json
 import math
 import os
 import sys
+import warnings
 
 # Exit codes of `keras-amp check`.
 CLEAN, FINDINGS, BAD_INPUT = 0, 1, 2
@@ -50,9 +51,14 @@ def _load_batch(path: str):
         raise _BadInput(f"--batch: {_not_a_file(path)}")
     try:
         with np.load(path, allow_pickle=False) as data:
+            if not hasattr(data, "files"):  # a single .npy array
+                raise ValueError("a single array, not named arrays")
             arrays = {k: data[k] for k in data.files}
     except (OSError, ValueError) as e:
-        raise _BadInput(f"--batch: not a NumPy .npz file: {path} ({e})") from e
+        # NumPy's own text for a zip of other files (a .keras archive) is about pickles: not the point here.
+        why = "it holds other files" if "pickle" in str(e) else _one_line(e)
+        raise _BadInput(f"--batch: not a NumPy .npz file of arrays 'x' (and optionally 'y'): {path} ({why}); "
+                        "write one with numpy.savez(path, x=..., y=...)") from e
     if "x" not in arrays:
         raise _BadInput(f"--batch: the .npz needs an array 'x' (and optionally 'y'). Received: "
                         f"{', '.join(sorted(arrays)) or 'no arrays'}")
@@ -77,14 +83,19 @@ def _load_model(path: str, policy: str | None):
         raise _BadInput(f"not a Keras model: {path} (a .keras file is a zip archive, a legacy .h5 file HDF5; "
                         f"this one starts with {head!r})")
     try:
-        return keras.saving.load_model(path)
+        with warnings.catch_warnings():
+            # An optimizer saved before its first step: its state is not what `check` reads.
+            warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
+            return keras.saving.load_model(path)
     except Exception as e:  # Keras raises many types for a file that is not a loadable model
+        if "safe_mode" in str(e):  # a Lambda layer: Keras's text says to pass an argument this command has not
+            raise _BadInput(
+                f"{path} holds a Lambda layer (Python code), which keras-amp check does not run. For a model you "
+                "trust, in Python: keras_amp.check_model(keras.saving.load_model(path, safe_mode=False), x)") from e
         raise _BadInput(f"not a Keras model, or one that cannot be loaded here: {path} ({_one_line(e)})") from e
 
 
 def _check(args: argparse.Namespace) -> int:
-    import warnings
-
     args.before_tensorflow()
     from keras_amp.diagnostics import symptoms
     from keras_amp.diagnostics.check import check_model

@@ -5,6 +5,7 @@ import os
 import pathlib
 import re
 import subprocess
+import warnings
 import sys
 
 import keras
@@ -122,6 +123,26 @@ def test_bad_input_exits_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["check"])  # argparse: the model path is required
     assert exit_info.value.code == cli.BAD_INPUT
+
+
+def test_messages_for_a_model_as_batch_a_lambda_and_an_untrained_optimizer(tmp_path, capsys):
+    keras.config.set_dtype_policy("mixed_float16")
+    good = _save(_softmax_model(softmax_dtype="float32"), tmp_path, "good")  # compiled, never trained
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        code, _, err = _run(capsys, "check", good)
+    assert code == cli.CLEAN, err
+    assert not [w for w in seen if "Skipping variable loading" in str(w.message)]  # the optimizer is not checked
+    text = tmp_path / "notes.txt"
+    text.write_text("not arrays")
+    code, _, err = _run(capsys, "check", good, "--batch", str(text))  # NumPy would try it as a pickle
+    _one_line_error(err)
+    assert "not a NumPy .npz file of arrays 'x'" in err and "pickle" not in err, err
+    inp = keras.Input((8,))
+    lambda_model = keras.Model(inp, keras.layers.Lambda(lambda t: t * 2.0)(inp))
+    code, _, err = _run(capsys, "check", _save(lambda_model, tmp_path, "lambda"))
+    _one_line_error(err)
+    assert code == cli.BAD_INPUT and "safe_mode=False" in err and "keras_amp.check_model(" in err, err
 
 
 def test_troubleshoot_prints_the_tree(capsys):
