@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -387,3 +388,43 @@ def test_loss_scale_monitor_writes_a_tensorboard_run_of_its_own(common, tmp_path
     assert train["epoch_loss"] == [0] and train["epoch_loss_scale"] == [0], train
     # ... and the monitor its counters beside them, in a run of its own.
     assert amp["epoch_overflow_count"] == [0] and "epoch_loss" not in amp, amp
+
+
+_ORPHAN = """
+import multiprocessing, sys, time
+sys.path.insert(0, sys.argv[1])
+from common import compare
+
+def child(parent):
+    compare.die_with_parent(parent)
+    time.sleep(120)
+
+if __name__ == "__main__":
+    import os
+    process = multiprocessing.get_context("spawn").Process(target=child, args=(os.getpid(),))
+    process.start()
+    print(process.pid, flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_twin_dies_with_its_killed_run(tmp_path):
+    script = tmp_path / "orphan.py"
+    script.write_text(_ORPHAN)
+    parent = subprocess.Popen([sys.executable, str(script), str(EXAMPLES)], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    os.kill(parent.pid, signal.SIGKILL)  # as a user's kill -9 of the example
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.1)
+    assert not _alive(child), "the spawned twin outlived its killed run"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][0] != "Z"  # a zombie has died (its reaper is init)
+    except FileNotFoundError:
+        return False

@@ -8,7 +8,11 @@ hits both alike. Both see the same seed, hence the same initial weights and the 
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import os
+import signal
+import sys
 import time
 from typing import Any
 
@@ -16,7 +20,23 @@ from common.resume import ResumeError
 from common.trainer import Settings, Trainer
 
 
-def _child(conn, settings: Settings, policy: str, label: str) -> None:
+def die_with_parent(parent: int) -> None:
+    """Ends this process when process `parent` dies (Linux: `PR_SET_PDEATHSIG`). A twin whose run was
+    killed would otherwise train on to its epoch's end and write a checkpoint the run never saw, racing
+    a `--resume` started at once. Elsewhere the pipe ends it at its next message."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL) != 0:  # 1: PR_SET_PDEATHSIG
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before the signal was asked for
+        os._exit(1)
+
+
+def _child(conn, settings: Settings, policy: str, label: str, parent: int) -> None:
+    die_with_parent(parent)
     import common
 
     common.import_tensorflow_quietly()  # a spawned process: absl's app.run did not start it
@@ -43,7 +63,8 @@ class _Remote:
     def __init__(self, context, settings: Settings, policy: str, label: str):
         self.label = label
         self.conn, child_conn = context.Pipe()
-        self.process = context.Process(target=_child, args=(child_conn, settings, policy, label), daemon=True)
+        self.process = context.Process(target=_child, args=(child_conn, settings, policy, label, os.getpid()),
+                                       daemon=True)
         self.process.start()
         self.start_epoch = self._expect("ready")
 
