@@ -100,8 +100,11 @@ class RecipePlan:
 
     def __str__(self) -> str:
         lines = [f"recipe {self.recipe!r}, compute policy {self.compute_policy}:"]
+        # Columns as wide as their longest entry (keras-hub paths run past any fixed width).
+        path, cls = (max([width, *(len(getattr(e, k)) for e in self.layers)]) for k, width in
+                     (("path", 36), ("layer_class", 28)))
         for e in self.layers:
-            lines.append(f"  {e.path:<36} {e.layer_class:<28} {e.policy:<15} {e.reason}")
+            lines.append(f"  {e.path:<{path}} {e.layer_class:<{cls}} {e.policy:<15} {e.reason}")
         return "\n".join(lines)
 
 

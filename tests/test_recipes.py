@@ -658,3 +658,13 @@ def test_a_float32_layer_the_plan_lowers_is_said_in_a_mixed_model_only(caplog):
         keras_amp.apply_recipe(built32, "transformer")
     assert model.get_layer("head").compute_dtype == "float32" and built32.get_layer("only").compute_dtype == "bfloat16"
     assert not [r for r in caplog.records if "apply_recipe on" in r.getMessage()]
+
+
+def test_plan_columns_are_as_wide_as_the_longest_path():
+    keras_amp.enable("mixed_bfloat16")
+    inp = keras.Input((8,))
+    long = "multi_head_attention_with_a_long_name_attention_output_dense"  # keras-hub paths run this long
+    model = keras.Model(inp, keras.layers.Dense(4, name="head")(keras.layers.Dense(8, name=long)(inp)))
+    rows = str(keras_amp.plan_recipe(model, "transformer")).splitlines()[1:]
+    assert any(long in row for row in rows)
+    assert len({row.index("Dense") for row in rows}) == 1, rows  # the class column starts at one place

@@ -115,10 +115,12 @@ class SearchResult:
             f"chosen: loss error {self.errors_final.loss:.3g}, gradient error {self.errors_final.gradient:.3g} "
             f"(tolerance {self.tolerance:g})",
         ]
+        path = max([32, *(len(d.path) for d in self.layers)])  # columns as wide as the longest path
+        cls = max([20, *(len(d.layer_class) for d in self.layers)])
         for d in self.layers:
             s = d.sensitivity
             lines.append(
-                f"  {d.path:<32} {d.layer_class:<20} loss {s.loss:9.3g} grad {s.gradient:9.3g} "
+                f"  {d.path:<{path}} {d.layer_class:<{cls}} loss {s.loss:9.3g} grad {s.gradient:9.3g} "
                 f"out {s.output:9.3g} cost {d.cost_share:6.1%}  {d.decision:<15} {d.reason}"
             )
         return "\n".join(lines)

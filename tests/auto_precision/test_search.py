@@ -346,3 +346,16 @@ def test_a_model_without_16_bit_layers_is_an_error_naming_its_policy_unless_a_po
     model_policies.set_policies(mixed, {"d1": "float32"})
     with pytest.raises(ValueError, match=r"`candidates` must match layers computing in 16 bits"):
         search_precision(mixed, BATCHES, candidates=["d1"], verbose=0)
+
+
+def test_result_columns_are_as_wide_as_the_longest_path():
+    from keras_amp.auto_precision.search import Errors, LayerDecision, SearchResult  # noqa: PLC0415
+
+    errors = Errors(loss=1e-3, output=1e-3, gradient=1e-3)
+    paths = ("d", "multi_head_attention_with_a_long_name/attention_output")
+    result = SearchResult(
+        rules={}, float32_layers=(), tolerance=1e-2, passes_per_batch=4, batches=1,
+        seconds=0.1, errors_as_is=errors, errors_final=errors,
+        layers=tuple(LayerDecision(p, "EinsumDense", errors, 0.5, "mixed_bfloat16", "within tolerance") for p in paths))
+    rows = [row for row in str(result).splitlines() if "EinsumDense" in row]
+    assert len(rows) == 2 and len({row.index("EinsumDense") for row in rows}) == 1, rows
