@@ -69,10 +69,11 @@ def loss_of(model: keras.Model, loss: Any) -> keras.losses.Loss:
             "search_precision needs a loss: compile the model with one `loss`, or pass `loss=`. "
             f"Received: loss=None and model {model.name!r} has no compiled loss"
         )
-    if isinstance(chosen, (dict, list, tuple)):
+    if keras.tree.is_nested(chosen):  # a compiled dict of losses is TensorFlow's tracking wrapper of one
+        kind = "dict" if hasattr(chosen, "keys") else "list"
         raise TypeError(
-            "search_precision takes one loss for the whole output. Received: loss of type "
-            f"{type(chosen).__name__}; pass `loss=` a single loss or callable(y_true, y_pred)"
+            f"search_precision takes one loss for the whole output. Received: loss, a {kind} of losses "
+            f"({len(chosen)} of them); pass `loss=` a single loss or callable(y_true, y_pred)"
         )
     fn = keras.losses.get(chosen) if isinstance(chosen, str) else chosen
     validation.check_callable("loss", fn)

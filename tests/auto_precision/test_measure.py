@@ -96,3 +96,7 @@ def test_a_loss_is_needed_and_only_one():
         measure.loss_of(model, None)
     with pytest.raises(TypeError, match="takes one loss for the whole output"):
         measure.loss_of(model, {"out": "mse"})
+    # A compiled dict of losses: TensorFlow's tracking keeps it as a wrapper, not a dict.
+    model.compile(optimizer="sgd", loss={model.output_names[0]: "mse"})
+    with pytest.raises(TypeError, match=r"Received: loss, a dict of losses \(1 of them\)"):
+        measure.loss_of(model, None)
