@@ -77,6 +77,7 @@ class GradientStatistics(keras.callbacks.Callback):
         self.records: list[dict] = []
         self.flagged: dict[str, int] = {}  # layer path -> step it was first flagged at
         self._steps = 0
+        self._fit_start = (0, 0)  # (steps, records) when the current fit began
         self._lock = threading.Lock()
         self._probe = None
         self._writer = None
@@ -131,7 +132,7 @@ class GradientStatistics(keras.callbacks.Callback):
         self._writer.flush()
 
     def on_train_end(self, logs=None):
-        steps, records = getattr(self, "_fit_start", (self._steps, len(self.records)))
+        steps, records = self._fit_start
         if self._steps > steps and len(self.records) == records:
             self.fire()  # the fit ended before its first firing
         if self._writer is not None:

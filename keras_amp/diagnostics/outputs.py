@@ -181,9 +181,10 @@ def output_findings(model, loss: Any = None, ran: tuple[str, ...] | None = None,
             continue
         name = t._keras_history.operation.name
         # A block's output: its last layer float32 is enough (the block's rule would take its whole subtree).
-        how = ("dtype='float32', keras_amp.layers.OutputHead, or " if not inner.startswith(name + "/")
-               else f"its last layer {inner!r}: ")
-        name = inner if inner.startswith(name + "/") else name
+        if inner.startswith(name + "/"):
+            name, how = inner, f"its last layer {inner!r}: "
+        else:
+            how = "dtype='float32', keras_amp.layers.OutputHead, or "
         if out_loss is None:
             why = "no loss is known for it (compile the model, or pass check_model(model, loss=...))"
         else:
