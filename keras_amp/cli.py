@@ -50,9 +50,10 @@ def _load_batch(path: str):
     if not os.path.isfile(path):
         raise _BadInput(f"--batch: {_not_a_file(path)}")
     try:
-        with np.load(path, allow_pickle=False) as data:
-            if not hasattr(data, "files"):  # a single .npy array
-                raise ValueError("a single array, not named arrays")
+        data = np.load(path, allow_pickle=False)
+        if not hasattr(data, "files"):  # a single .npy array: an ndarray, not a context manager
+            raise ValueError("a single array, not named arrays")
+        with data:
             arrays = {k: data[k] for k in data.files}
     except (OSError, ValueError) as e:
         # NumPy's own text for a zip of other files (a .keras archive) is about pickles: not the point here.
@@ -176,8 +177,11 @@ def _overflow_diagnosis(model, located, symptoms):
     context = {"layers": layers, "data": "; ".join(f"the --batch {d}" for d in located.data)}
     if scaled:
         context.update(half_scale=f"{located.loss_scale / 2:g}", double_scale=f"{located.loss_scale * 2:g}")
-    return symptoms.diagnose("non_finite_loss", facts, f"find_overflow at loss scale {located.loss_scale:g}",
-                             **context)
+    detail = f"find_overflow at loss scale {located.loss_scale:g}"
+    if math.isfinite(located.loss) and not located.data:  # the loss is finite: only the backward pass overflows
+        then = "the step is skipped" if scaled else "the step puts inf/NaN into the weights"
+        detail += f"; the loss ({located.loss:g}) is finite, the backward pass overflows: {then}"
+    return symptoms.diagnose("non_finite_loss", facts, detail, **context)
 
 
 def _symptoms():

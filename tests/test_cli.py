@@ -98,6 +98,19 @@ def test_batch_runs_the_locator_and_names_the_overflowing_layer(tmp_path, capsys
     assert k["output_dtype"] == "float32" and k["max_abs"] > 65504
 
 
+def test_a_finite_loss_whose_backward_pass_overflows_is_said_as_such(tmp_path, capsys):
+    keras.config.set_dtype_policy("mixed_float16")
+    inp = keras.Input((8,))
+    model = keras.Model(inp, keras.layers.Dense(1, name="out")(keras.layers.Dense(8, name="a")(inp)))
+    path = _save(_compile(model), tmp_path, "model")
+    batch = str(tmp_path / "huge_y.npz")
+    np.savez(batch, x=np.ones((16, 8), "float32"), y=np.full((16, 1), 1e7, "float32"))
+    code, out, _ = _run(capsys, "check", path, "--batch", batch)
+    assert code == cli.FINDINGS
+    assert "backward: first non-finite value produced in layer 'out'" in out, out
+    assert "is finite, the backward pass overflows: the step is skipped" in out, out
+
+
 def test_bad_input_exits_2(tmp_path, capsys):
     keras.config.set_dtype_policy("mixed_float16")
     good = _save(_softmax_model(softmax_dtype="float32"), tmp_path, "good")
@@ -138,6 +151,12 @@ def test_messages_for_a_model_as_batch_a_lambda_and_an_untrained_optimizer(tmp_p
     code, _, err = _run(capsys, "check", good, "--batch", str(text))  # NumPy would try it as a pickle
     _one_line_error(err)
     assert "not a NumPy .npz file of arrays 'x'" in err and "pickle" not in err, err
+    single = str(tmp_path / "x.npy")
+    np.save(single, np.zeros((2, 8), "float32"))  # np.load gives an array, not an archive: it had blamed the model
+    code, _, err = _run(capsys, "check", good, "--batch", single)
+    _one_line_error(err)
+    assert code == cli.BAD_INPUT and "--batch: not a NumPy .npz file of arrays 'x'" in err, err
+    assert "a single array, not named arrays)" in err and "cannot load" not in err, err
     inp = keras.Input((8,))
     lambda_model = keras.Model(inp, keras.layers.Lambda(lambda t: t * 2.0)(inp))
     code, _, err = _run(capsys, "check", _save(lambda_model, tmp_path, "lambda"))

@@ -1,4 +1,5 @@
-"""float32_loss: mean(square(y - 300)) is inf in float16 with raw ops, finite with the wrapper."""
+"""float32_loss: mean(square(y - 300)) is inf in float16 with raw ops, finite with the wrapper; as_compiled: a
+loss as compile runs it."""
 
 import keras
 import ml_dtypes
@@ -7,7 +8,7 @@ import pytest
 import tensorflow as tf
 from keras import ops
 
-from keras_amp.losses import float32_loss
+from keras_amp.losses import as_compiled, float32_loss
 
 
 def _raw_mse(y_true, y_pred):
@@ -68,3 +69,21 @@ def test_integer_labels_untouched_and_gradient():
 def test_rejects_non_callable():
     with pytest.raises(TypeError, match="callable"):
         float32_loss(3)
+
+
+def test_as_compiled_runs_a_loss_as_compile_does():
+    y_pred = keras.ops.full((4, 1), 2.0, "float16")
+    y_true = np.full((4, 1), 1e7, "float32")  # not a float16 number
+    stock = keras.losses.get("mse")(y_true, y_pred)  # the bare function casts the labels to float16
+    assert not np.isfinite(np.asarray(stock, np.float64)).all()
+    for loss in ("mse", keras.losses.mean_squared_error, lambda t, p: keras.ops.square(t - p)[:, 0],
+                 keras.losses.MeanSquaredError()):
+        compiled = as_compiled(loss)
+        assert isinstance(compiled, keras.losses.Loss)
+        value = compiled(y_true, y_pred, sample_weight=np.array([1.0, 1.0, 0.0, 0.0], "float32"))
+        assert keras.backend.standardize_dtype(value.dtype) == "float32"
+        assert float(value) == pytest.approx((1e7 - 2.0) ** 2 / 2, rel=1e-6)  # sum_over_batch_size
+    traced = tf.function(lambda t, p: as_compiled(lambda a, b: keras.ops.abs(a - b))(t, p))
+    assert float(traced(y_true, y_pred)) == pytest.approx(1e7 - 2.0, rel=1e-6)  # a lambda's name is no scope
+    with pytest.raises(TypeError, match="`loss`"):
+        as_compiled(3)

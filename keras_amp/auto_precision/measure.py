@@ -2,7 +2,7 @@
 on the search's batches, and their relative errors against the all-float32 model.
 
 The loss is weighted and reduced as `fit` computes it: a loss function or name is wrapped as `compile`
-wraps it (Keras's `LossFunctionWrapper`, not public: `_AsCompiled`), a `keras.losses.Loss` whose
+wraps it (`keras_amp.losses.as_compiled`), a `keras.losses.Loss` whose
 "sum_over_batch_size" reduction takes the batch's sample weights; a `keras.losses.Loss` keeps its own.
 """
 
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_amp import validation
+from keras_amp import losses
 from keras_amp.diagnostics import user_site
 
 DATA_FORMS = "a tf.data.Dataset of (x, y[, sample_weight]) batches, one such tuple, or a list of them"
@@ -75,31 +75,7 @@ def loss_of(model: keras.Model, loss: Any) -> keras.losses.Loss:
             f"search_precision takes one loss for the whole output. Received: loss, a {kind} of losses "
             f"({len(chosen)} of them); pass `loss=` a single loss or callable(y_true, y_pred)"
         )
-    fn = keras.losses.get(chosen) if isinstance(chosen, str) else chosen
-    validation.check_callable("loss", fn)
-    return fn if isinstance(fn, keras.losses.Loss) else _AsCompiled(fn)
-
-
-class _AsCompiled(keras.losses.Loss):
-    """A loss function as `compile` wraps it: y_true and y_pred brought to one rank, the per-sample
-    values weighted by the sample weights and reduced by `keras.losses.Loss` ("sum_over_batch_size")."""
-
-    def __init__(self, fn: Callable):
-        super().__init__(name=getattr(fn, "__name__", None))
-        self.fn = fn
-
-    def call(self, y_true, y_pred):
-        return self.fn(*_same_rank(y_true, y_pred))
-
-
-def _same_rank(a, b):
-    """Keras's rule: where ranks differ by one and the longer ends in an axis of size 1, that axis is
-    dropped, or added to the other where it has rank 1."""
-    if len(a.shape) == len(b.shape) + 1 and a.shape[-1] == 1:
-        return (a, keras.ops.expand_dims(b, -1)) if len(b.shape) == 1 else (keras.ops.squeeze(a, -1), b)
-    if len(b.shape) == len(a.shape) + 1 and b.shape[-1] == 1:
-        return (keras.ops.expand_dims(a, -1), b) if len(a.shape) == 1 else (a, keras.ops.squeeze(b, -1))
-    return a, b
+    return losses.as_compiled(chosen)
 
 
 def run(model: keras.Model, batches: list[tuple], loss: keras.losses.Loss) -> list[tuple]:

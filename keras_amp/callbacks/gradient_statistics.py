@@ -113,8 +113,8 @@ class GradientStatistics(keras.callbacks.Callback):
                 "GradientStatistics step %d (loss scale %g): %s. Underflow: raise the loss scale or "
                 "compute the layer in float32; non-finite: see keras_amp.find_overflow.", self._steps,
                 report.loss_scale, "; ".join(
-                    f"{s.path!r} {s.compute_dtype}: {s.underflow_fraction:.0%} underflowed/subnormal, "
-                    f"{s.nonfinite_fraction:.0%} non-finite" for s in new))
+                    f"{s.path!r} {s.compute_dtype}: {_percent(s.underflow_fraction)} underflowed/subnormal, "
+                    f"{_percent(s.nonfinite_fraction)} non-finite" for s in new))
         if self._writer is not None:
             self._write(report)
         return report
@@ -137,3 +137,8 @@ class GradientStatistics(keras.callbacks.Callback):
             self.fire()  # the fit ended before its first firing
         if self._writer is not None:
             self._writer.close()
+
+
+def _percent(fraction: float) -> str:
+    """A fraction as a percentage that never reads 0% when it is not 0 (any non-finite element flags a layer)."""
+    return "<0.1%" if 0 < fraction < 0.001 else f"{fraction:.1%}"

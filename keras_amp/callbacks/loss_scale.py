@@ -160,6 +160,7 @@ class LossScaleMonitor(TrendChecks, UpdateLossChecks, keras.callbacks.Callback):
         self._floor_streak = 0
         self._zero_since: dict[str, int] = {}
         self._val_prev: dict[str, float] = {}
+        self._train_prev: dict[str, float | None] = {}
         self._memory: list[int] = []
         self._intervals: list[float] = []
         self._tick = None

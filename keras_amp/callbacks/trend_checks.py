@@ -3,7 +3,7 @@
 `loss_scale.py` as they are.
 
 A mixin: it uses the monitor's state (`_tick`, `_intervals`, `_slow_before`, `_val_prev`,
-`_memory`, `_zero_since`, `_gradient_probe`, `_last`, `_batches`, the thresholds) and its
+`_train_prev`, `_memory`, `_zero_since`, `_gradient_probe`, `_last`, `_batches`, the thresholds) and its
 `_report` / `_scale_context` / `_optimizer` / `_probe_failed`.
 """
 
@@ -83,17 +83,29 @@ class TrendChecks:
         for key, value in logs.items():
             if not key.startswith("val_") or not isinstance(value, (int, float)):
                 continue
-            prev = self._val_prev.get(key)
-            self._val_prev[key] = value
+            prev, train_prev = self._val_prev.get(key), self._train_prev.get(key)
+            train = logs.get(key[4:])
+            train = train if isinstance(train, (int, float)) else None
+            self._val_prev[key], self._train_prev[key] = value, train
             if prev is None:
                 continue
-            if not math.isfinite(value) or abs(value - prev) > self.val_swing * max(abs(prev), 1e-12):
+            # Learning moves a validation metric the way it moves its training twin (both losses fall,
+            # both accuracies rise): a large change that way is progress, not a swing.
+            learning = None not in (train, train_prev) and (value - prev) * (train - train_prev) > 0
+            if not math.isfinite(value) or (abs(value - prev) > self.val_swing * max(abs(prev), 1e-12)
+                                            and not learning):
                 swings.append(f"{key} {prev:.4g} -> {value:.4g}")
         if swings:
-            facts = {"recent_overflows": self._last.get("overflows_since_log", 0) > 0
-                     if "overflows_since_log" in self._last else None,
-                     "outputs_float32": self._outputs_float32()}
+            facts = {"recent_overflows": self._recent_overflows(logs), "outputs_float32": self._outputs_float32()}
             self._report("validation_swing", facts, "; ".join(swings), **self._scale_context())
+
+    def _recent_overflows(self, logs: dict) -> bool | None:
+        """Whether steps overflowed since the last log point: the loss scaler's count; without loss
+        scaling nothing is skipped, so a finite training loss says no step put inf/NaN into the weights."""
+        if self._optimizer() is not None:
+            return self._last["overflows_since_log"] > 0 if "overflows_since_log" in self._last else None
+        loss = logs.get("loss")
+        return False if isinstance(loss, (int, float)) and math.isfinite(loss) else None
 
     def _outputs_float32(self) -> bool | None:
         try:

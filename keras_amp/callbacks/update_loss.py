@@ -49,5 +49,7 @@ class UpdateLossChecks:
             bad = [f.layer for f in found]
             weights_16bit = any(storage.is_16bit_storage(v) for v in self._update_probe.variables
                                 if v.path.rsplit("/", 1)[0] in bad)
-            self._report("updates_vanish", {"weights_16bit": weights_16bit}, "; ".join(f.advice for f in found),
-                         layers=", ".join(bad))
+            # The measurement only: what to do is the tree's, which asks how the weights are stored.
+            detail = "; ".join(f"{f.layer}: {f.lost:.0%} of the requested change lost to rounding, "
+                               f"{f.stalled:.0%} of its weights did not move" for f in found)
+            self._report("updates_vanish", {"weights_16bit": weights_16bit}, detail, vanishing=", ".join(bad))

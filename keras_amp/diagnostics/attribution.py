@@ -290,11 +290,13 @@ def _adopt_gradient_casts(ops: list, owners: list, forward_end: int, model_name:
     casts decides: a cast to a narrower float belongs to the one layer whose gradient ops take its
     output (the gradient of that layer's output), a cast to a wider one to the layer whose
     gradient ops feed it. A caller's own ops taking it (attention's scores) keep it the caller's.
+    The loss's cast of a 16-bit output to float32 (Keras's `Loss.__call__`, or a user's loss) is
+    such a cast too: its gradient, cast down for the output layer, is that layer's.
     """
     containers = _containers(owners, model_name)
     index = {op.name: j for j, op in enumerate(ops)}
     for i in range(forward_end, len(ops)):
-        dtypes = float_cast(ops[i]) if owners[i] in containers else None
+        dtypes = float_cast(ops[i]) if owners[i] in containers or owners[i] == LOSS else None
         if dtypes is None:
             continue
         found = linked_owners(ops, owners, i, forward_end, downstream=dtypes[1].size < dtypes[0].size, index=index)

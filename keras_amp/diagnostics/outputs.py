@@ -23,6 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_amp import losses as amp_losses
 from keras_amp.diagnostics.finding import Finding
 from keras_amp.numerics import cross_entropy
 
@@ -30,17 +31,6 @@ _LOG_SOFTMAX = ("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithL
 _PASS_ON = ("Cast", "Identity", "Reshape", "ExpandDims", "Squeeze", "Transpose", "StopGradient")
 _SHAPE_ONLY = ("Shape", "ShapeN", "Rank", "Size")
 _PROBE_BATCH, _PROBE_DIM = 2, 8
-
-
-class _AsCompiled(keras.losses.Loss):
-    """A loss function as `compile` runs it: Keras wraps it in a `Loss`, which casts y_pred to float32."""
-
-    def __init__(self, fn):
-        super().__init__(name="compiled")
-        self.fn = fn
-
-    def call(self, y_true, y_pred):
-        return self.fn(y_true, y_pred)
 
 
 def current_dtype(tensor) -> str:
@@ -114,11 +104,9 @@ def _reads(graph) -> list[tuple[str, str]]:
 
 
 def _resolved(loss, compiled: bool):
-    if isinstance(loss, str):
-        loss = keras.losses.get(loss)
-    if compiled and not isinstance(loss, keras.losses.Loss):
-        loss = _AsCompiled(loss)
-    return loss
+    if compiled:
+        return amp_losses.as_compiled(loss)
+    return keras.losses.get(loss) if isinstance(loss, str) else loss
 
 
 def _loss_verdict(loss, compiled: bool, shape, dtype) -> tuple[bool, str]:

@@ -6,7 +6,7 @@
 troubleshooting section all print from these two tables: change the advice here, nowhere else.
 
 A question node asks one yes/no fact (`fact`) and says how to find it out (`how`); a leaf lists
-actions. Actions are templates: `{layers}`, `{half_scale}`, `{double_scale}`, `{half_min_scale}`
+actions. Actions are templates: `{layers}`, `{vanishing}`, `{half_scale}`, `{double_scale}`, `{half_min_scale}`
 are filled from what the caller knows, else with a generic phrase.
 """
 
@@ -61,7 +61,8 @@ SYMPTOMS: tuple[Symptom, ...] = (
             "loss_scale <= min_scale, with steps still overflowing, at two log points in a row",
             "data_at_floor"),
     Symptom("validation_swing", "Validation metrics swing",
-            "a val_* metric changes by more than the threshold (relative) from one epoch to the next",
+            "a val_* metric changes by more than the threshold (relative) from one epoch to the next, "
+            "other than the way its training metric moves (both losses falling is learning)",
             "recent_overflows"),
     Symptom("memory_growth", "Memory grows epoch over epoch",
             "device memory in use (GPU) or process RSS rises at each of N consecutive epoch ends, "
@@ -137,7 +138,8 @@ NODES: tuple[Node, ...] = (
         "Let the scale back off further: LossScaleOptimizer(..., min_scale={half_min_scale}).",
         "If the backward pass overflows even there, " + _FLOAT32 + ".")),
     Node("recent_overflows", "Did steps overflow since the previous evaluation?", "recent_overflows",
-         "the monitor's overflows_since_log (in History and monitor.last)", "lower_scale", "outputs_float32"),
+         "the monitor's overflows_since_log (in History and monitor.last); without loss scaling no step is "
+         "skipped, and a finite training loss says none overflowed", "lower_scale", "outputs_float32"),
     Node("outputs_float32", "Do the model's outputs and loss compute in float32?", "outputs_float32",
          "keras_amp.check_model(model) reports no output_not_float32 / low_precision_loss finding",
          "compare_float32", "float32_head"),
@@ -157,7 +159,7 @@ NODES: tuple[Node, ...] = (
          "weights_16bit", "keras_amp.memory.storage_dtype(variable) for the layer's weights",
          "compensate", "tiny_steps"),
     Node("compensate", actions=(
-        "Train {layers} with compensation: keras_amp.optimizers.LeanAdam (16-bit weights plus their low "
+        "Train {vanishing} with compensation: keras_amp.optimizers.LeanAdam (16-bit weights plus their low "
         "bits, exact), or keep a float32 master for this layer (a mixed policy: "
         "keras_amp.enable('mixed_bfloat16'), or dtype='mixed_bfloat16' on the layer).",
         "Pure bfloat16 Keras Adam computes 1 - 0.999**t in bfloat16, where it is 0: it never moves "
@@ -166,7 +168,8 @@ NODES: tuple[Node, ...] = (
         "The float32 master loses the update (the step is below float32's 2**-24 of the weight): "
         "raise the learning rate, or rescale the weights.",)),
     Node("step_time", actions=(
-        "Check device utilisation (nvidia-smi; keras.callbacks.TensorBoard(profile_batch=(10, 20))).",
+        "Check device utilisation (on a GPU nvidia-smi; on any device "
+        "keras.callbacks.TensorBoard(profile_batch=(10, 20))).",
         "Check the input pipeline: dataset.prefetch(tf.data.AUTOTUNE), cache(), "
         "map(..., num_parallel_calls=tf.data.AUTOTUNE); and retracing (changing batch shapes).")),
 )
@@ -179,6 +182,7 @@ SYMPTOM_NAMES = tuple(_SYMPTOMS)
 # never an unfilled placeholder.
 _GENERIC = {
     "layers": "the layers keras_amp.find_overflow(model, x, y) names",
+    "vanishing": "the layers keras_amp.diagnostics.UpdateLossProbe (or LossScaleMonitor(update_loss_every=N)) names",
     "half_scale": "float(optimizer.dynamic_scale) / 2",
     "double_scale": "float(optimizer.dynamic_scale) * 2",
     "half_min_scale": "optimizer.min_scale / 2",

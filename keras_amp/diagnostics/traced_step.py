@@ -15,6 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_amp import losses as amp_losses
 from keras_amp import model_graph
 from keras_amp import validation
 from keras_amp.diagnostics.attribution import Trace, assign_owners, attributing
@@ -57,6 +58,7 @@ def resolve_loss(model: keras.Model, y: Any, loss: Any) -> Callable:
         if y is None:
             raise ValueError("`y` is needed with an explicit `loss`. Received: y=None, "
                              f"loss={loss!r}. Allowed: the labels of `x`, or loss=None")
+        fn = amp_losses.as_compiled(fn)  # as fit computes it: in float32, whatever the outputs' dtype
         return lambda x, y, y_pred: keras.ops.mean(fn(y, y_pred))
     if y is None:
         # No labels: the mean of the outputs reaches every layer's gradient, which is what the

@@ -72,22 +72,27 @@ class UpdateLossProbe:
             if self.optimizer._var_key(variable) not in self._keys():
                 return original(variable, value)
             before = _f32(variable)
-            asked = {"assign": lambda: _f32(value), "assign_add": lambda: before + _f32(value),
-                     "assign_sub": lambda: before - _f32(value)}[name]()
+            # The change asked for, not `before + value` in float32: for a float32 master that sum is
+            # where a step below 2**-24 of the weight is lost, and it would hide the loss.
+            change = {"assign": lambda: _f32(value) - before, "assign_add": lambda: _f32(value),
+                      "assign_sub": lambda: -_f32(value)}[name]()
             result = original(variable, value)
-            self.record(variable, before=before, intended=asked, realized=_f32(variable))
+            self.record(variable, before=before, change=change, realized=_f32(variable))
             return result
 
         return assign
 
-    def record(self, variable, *, before, intended, realized) -> None:
-        """Adds one update of `variable` (float32 tensors) while `active`."""
+    def record(self, variable, *, before, realized, intended=None, change=None) -> None:
+        """Adds one update of `variable` (float32 tensors) while `active`: the value `before`, the
+        value `realized`, and either the exact value `intended` or the `change` asked for."""
+        if (intended is None) == (change is None):
+            raise ValueError("record() takes one of `intended` and `change`")
         index = self._keys().get(self.optimizer._var_key(variable))
         if index is None:
             return
 
         def add():
-            asked = intended - before
+            asked = intended - before if change is None else change
             self._lost[index].assign_add(tf.reduce_sum(tf.abs(asked - (realized - before))))
             self._asked[index].assign_add(tf.reduce_sum(tf.abs(asked)))
             self._stalled[index].assign_add(tf.reduce_sum(tf.cast(tf.equal(realized, before), tf.float32)))
@@ -136,10 +141,11 @@ class VanishingLayer:
     @property
     def advice(self) -> str:
         return (f"{self.layer}: updates vanish ({self.lost:.0%} of the requested change lost to rounding, "
-                f"{self.stalled:.0%} of its weights did not move). 16-bit weights round small updates "
-                "away: train it with compensation (keras_amp.optimizers.LeanAdam) or keep a float32 "
+                f"{self.stalled:.0%} of its weights did not move). Weights stored in 16 bits round small "
+                "updates away: train it with compensation (keras_amp.optimizers.LeanAdam) or keep a float32 "
                 "master for this layer (a mixed policy, keras_amp.enable('mixed_bfloat16'), or "
-                "dtype='mixed_bfloat16' on the layer).")
+                "dtype='mixed_bfloat16' on the layer). A float32 master loses only steps below 2**-24 "
+                "of the weight: raise the learning rate or rescale the weights.")
 
 
 def vanishing_layers(fractions: dict[str, dict[str, float]], threshold: float = 0.5) -> list[VanishingLayer]:

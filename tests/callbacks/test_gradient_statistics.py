@@ -77,7 +77,7 @@ def test_records_in_logs_and_tensorboard(tmp_path, caplog):
     assert len(lines) == 2
     record = json.loads(lines[0][len("GradientStatistics: "):])
     assert {layer["path"] for layer in record["layers"]} == {"k", "head"}
-    assert any("'k' float16: 100% underflowed/subnormal" in r.getMessage() for r in caplog.records)
+    assert any("'k' float16: 100.0% underflowed/subnormal" in r.getMessage() for r in caplog.records)
     scalars, hists = {}, {}
     for path in glob.glob(os.path.join(str(tmp_path), "*")):
         for event in tf.compat.v1.train.summary_iterator(path):
@@ -117,3 +117,10 @@ def test_every_n_steps_is_the_deprecated_name_of_update_freq():
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         assert GradientStatistics((x, y), 7).update_freq == 7
+
+
+def test_a_flagged_fraction_never_reads_zero_percent():
+    # Any non-finite element flags a layer: 2 of 4096 had been written "0% non-finite".
+    from keras_amp.callbacks.gradient_statistics import _percent
+
+    assert [_percent(f) for f in (0.0, 2 / 4096, 0.001, 0.25, 1.0)] == ["0.0%", "<0.1%", "0.1%", "25.0%", "100.0%"]

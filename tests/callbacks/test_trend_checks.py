@@ -105,8 +105,37 @@ def test_a_non_finite_validation_metric_is_a_swing_and_asks_about_overflows():
             monitor.on_epoch_end(epoch, {"loss": 1.0, "val_loss": val})
     (d,) = monitor.diagnoses
     assert d.symptom.name == "validation_swing" and d.detail == "val_loss 2 -> nan"
-    # SGD scales no loss: whether steps overflowed is not known, and the walk says so.
+    # SGD scales no loss, so no step is skipped: a finite training loss says none overflowed.
+    assert d.steps[0] == ("Did steps overflow since the previous evaluation?", "no")
+    assert d.steps[1] == ("Do the model's outputs and loss compute in float32?", "yes")
+
+
+def test_without_loss_scaling_a_non_finite_training_loss_leaves_overflows_unknown():
+    monitor = _bare_monitor(val_swing=10.0)
+    monitor._memory_reader = lambda: ("rss", 100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", keras_amp.AmpWarning)
+        for epoch, loss in enumerate([1.0, float("inf")]):
+            monitor.on_epoch_end(epoch, {"loss": loss, "val_loss": [1.0, float("nan")][epoch]})
+    (d,) = [d for d in monitor.diagnoses if d.symptom.name == "validation_swing"]
     assert d.steps == (("Did steps overflow since the previous evaluation?", "unknown"),)
+
+
+def test_a_large_change_the_way_training_moves_is_learning_not_a_swing():
+    monitor = _bare_monitor(val_swing=0.5)
+    monitor._memory_reader = lambda: ("rss", 100)
+    # (val_loss, loss, val_accuracy, accuracy): all four improve, then validation turns while training
+    # goes on improving.
+    history = [(6.1, 5.0, 0.1, 0.1), (3.06, 2.5, 0.3, 0.35), (1.5, 1.2, 0.6, 0.7), (0.94, 0.9, 0.7, 0.8),
+               (2.5, 0.8, 0.3, 0.85)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", keras_amp.AmpWarning)
+        for epoch, (val, train, val_acc, acc) in enumerate(history):
+            monitor.on_epoch_end(epoch, {"loss": train, "val_loss": val, "accuracy": acc, "val_accuracy": val_acc})
+            if epoch == 3:
+                assert monitor.diagnoses == []  # guard: the improving metrics raised nothing
+    (d,) = monitor.diagnoses
+    assert d.detail == "val_loss 0.94 -> 2.5; val_accuracy 0.7 -> 0.3"
 
 
 @pytest.mark.skipif(bool(tf.config.list_logical_devices("GPU")), reason="with a GPU it reads GPU:0's memory")

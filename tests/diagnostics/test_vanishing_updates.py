@@ -91,6 +91,35 @@ def test_rounding_loss_is_measured_for_16bit_weights_without_compensation():
     assert results["none"][wide[0]]["lost"] > 0.5 and results["split"][wide[1]]["lost"] < 1e-6
 
 
+def test_a_float32_master_losing_steps_below_its_rounding_is_measured_against_float64():
+    # Steps around float32's half ulp of 1.0 (2**-24): some are lost whole, some rounded. The probe had
+    # taken `w + step` in float32 as the request, which is the rounding it measures: it read 0% lost.
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(2000, use_bias=False, kernel_initializer="ones")])
+    model.compile(keras.optimizers.SGD(1e-7), "mse")
+    probe = vu.UpdateLossProbe(model)
+    (kernel,) = model.trainable_variables
+    grad = np.random.RandomState(0).uniform(0.1, 3.0, (1, 2000)).astype("float32")
+    w = kernel.numpy()
+    probe.start()
+    model.optimizer.apply_gradients([(grad, kernel)])
+    measured = probe.stop()[kernel.path]
+    asked = -1e-7 * grad.astype(np.float64)
+    realized = kernel.numpy().astype(np.float64) - w
+    assert 0 < np.mean(realized == 0) < 1  # guard: both lost and kept steps
+    lost = np.abs(asked - realized).sum() / np.abs(asked).sum()
+    assert 0.05 < lost < 0.95 and measured["lost"] == pytest.approx(lost, rel=1e-5)
+    assert measured["stalled"] == pytest.approx(np.mean(realized == 0), abs=1e-7)
+    assert "raise the learning rate" in vu.VanishingLayer("dense", lost, 1.0).advice
+
+
+def test_record_takes_the_intended_value_or_the_change():
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    probe = vu.UpdateLossProbe(model)
+    with pytest.raises(ValueError, match="one of `intended` and `change`"):
+        probe.record(model.trainable_variables[0], before=0.0, realized=0.0)
+
+
 def test_bad_arguments():
     with pytest.raises(TypeError, match="model"):
         vu.UpdateLossProbe("model")
