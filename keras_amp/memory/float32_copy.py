@@ -3,8 +3,8 @@
 Inside `float32_weights(model)` every weight stored in 16 bits is float32: a lean weight holds
 its float32 master (the 16-bit weight joined with the compensation `LeanAdam` keeps), a frozen
 weight its 16-bit value. `model.save(...)` / `model.save_weights(...)` there write a checkpoint
-a float32 model loads. On exit the 16-bit storage comes back exactly (the masters split again),
-and the model traces its functions again at its next call.
+a float32 model loads. On exit the 16-bit storage comes back exactly (as it was where a master is
+unchanged, else the masters split again), and the model traces its functions again at its next call.
 """
 
 from __future__ import annotations
@@ -36,14 +36,15 @@ def float32_weights(model, optimizer=None):
             # A weight made lean under an optimizer the model no longer trains with: its recorded
             # master, and its 16-bit value back as it was (the compensation is left as it is).
             before = None if master is not None or not storage.is_marked_lean(v) else v._value.read_value()
+            pair = lean.stored_pair(v, index) if index is not None else None  # as stored, for the exit
             storage.set_storage(v, "float32", master if before is None else storage.lean_master(v))
-            changed.append((v, dtype, index, before))
+            changed.append((v, dtype, index, before, pair))
     try:
         yield model
     finally:
-        for v, dtype, index, before in changed:
+        for v, dtype, index, before, pair in changed:
             if index is not None:
-                lean.restore_lean(v, index)
+                lean.restore_lean(v, index, pair)
             else:
                 storage.set_storage(v, dtype, before)
         if changed:

@@ -130,6 +130,8 @@ def prepare(model, optimizer=None, *, frozen_weights: str | None = None) -> Prep
             storage.set_storage(v, "float32")
             v._keras_amp_frozen_16bit = False
             thawed.append(v.path)
+            if lean is not None and not lean.built and reads_in in LOW_PRECISION:
+                targets.append((v, reads_in))  # trained by a LeanAdam from here on: lean from the start
         elif storage.is_marked_lean(v) and not (lean is not None and lean.keeps_16bit(v)):
             # Made lean by another optimizer (the model was compiled again): its float32 master goes
             # to this one, or back into float32 storage for one that is not a LeanAdam.
@@ -139,7 +141,8 @@ def prepare(model, optimizer=None, *, frozen_weights: str | None = None) -> Prep
                 targets.append((v, reads_in))
             else:
                 handed.append(v.path)
-        elif lean is not None and stored == "float32" and reads_in in LOW_PRECISION:
+        elif (lean is not None and stored == "float32" and reads_in in LOW_PRECISION
+              and not _trains_as_stored(lean, v)):
             targets.append((v, reads_in))
     if candidates:
         verdict = reads.reads_16bit(model, [v for v, _ in candidates], [d for _, d in candidates])
@@ -162,6 +165,18 @@ def prepare(model, optimizer=None, *, frozen_weights: str | None = None) -> Prep
         forget_traced(model)
         gc.collect()  # the replaced float32 tf.Variables are freed now, not at the next collection
     return result
+
+
+def _trains_as_stored(lean, variable) -> bool:
+    """Whether built `lean` already trains `variable` as it is stored (float32: it was built before
+    `prepare` saw the weight, as Keras's Adam); such a weight stays as it is rather than refused."""
+    if not lean.built:
+        return False
+    try:
+        lean.variable_index(variable)
+    except KeyError:
+        return False
+    return True
 
 
 def forget_traced(model) -> None:
@@ -203,15 +218,25 @@ def restore_frozen_float32(model, weights_path: str | None = None) -> list[str]:
         if not os.path.exists(weights_path):
             raise FileNotFoundError(f"`weights_path` does not exist. Received: weights_path={weights_path!r}")
     variables = frozen_16bit(model)
+    stored = [(storage.storage_dtype(v), v._value.read_value()) for v in variables]
+    keep = {id(v) for v in variables}
+    others = [v for v in model.variables if id(v) not in keep] if weights_path is not None else []
+    values = [v.numpy() for v in others]
     for v in variables:
         storage.set_storage(v, "float32")
         v._keras_amp_frozen_16bit = False
-    if weights_path is not None:
-        keep = {id(v) for v in variables}
-        others = [v for v in model.variables if id(v) not in keep]
-        values = [v.numpy() for v in others]
-        model.load_weights(weights_path)
-        for v, value in zip(others, values):
+    try:
+        if weights_path is not None:
+            model.load_weights(weights_path)
+    except BaseException:
+        # A file that does not fit: the model as it was (Keras loads what matches before it raises),
+        # so that a second call with the right file still finds the frozen weights.
+        for v, (dtype, value) in zip(variables, stored):
+            storage.set_storage(v, dtype, value)
+            v._keras_amp_frozen_16bit = True
+        raise
+    finally:
+        for v, value in zip(others, values):  # every other weight keeps the value it has now
             v.assign(value)
-    forget_traced(model)
+        forget_traced(model)
     return [v.path for v in variables]

@@ -116,5 +116,9 @@ def round_to_bfloat16(x: tf.Tensor) -> tf.Tensor:
 
 
 def same_bits(a: tf.Tensor, b: tf.Tensor) -> bool:
-    """Whether two 16-bit tensors hold the same bits (NaNs included); eager."""
-    return bool(tf.reduce_all(tf.equal(tf.bitcast(a, tf.uint16), tf.bitcast(b, tf.uint16))))
+    """Whether two 16- or 32-bit float tensors of one dtype hold the same bits (NaNs included); eager."""
+    a, b = tf.convert_to_tensor(a), tf.convert_to_tensor(b)
+    if a.dtype != b.dtype:
+        return False
+    word = tf.uint32 if a.dtype.size == 4 else tf.uint16
+    return bool(tf.reduce_all(tf.equal(tf.bitcast(a, word), tf.bitcast(b, word))))

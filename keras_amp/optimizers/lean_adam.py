@@ -276,12 +276,29 @@ class LeanAdam(keras.optimizers.Adam):
             k: i for k, i in self._trainable_variables_indices.items() if i != index}
         self._trainable_variables_indices[self._var_key(variable)] = index
 
-    def restore_lean(self, variable, index: int) -> None:
-        """Splits lean weight `index`, stored in float32 (`keras_amp.memory.float32_weights`), back."""
+    def stored_pair(self, variable, index: int) -> tuple:
+        """Lean weight `index` as stored: (its 16-bit value, its compensation or None, the float32
+        master they make), copies."""
+        low = self._low[index]
+        return (tf.identity(variable.value), None if low is None else tf.identity(low.value),
+                storage.lean_master(variable))
+
+    def restore_lean(self, variable, index: int, pair: tuple | None = None) -> None:
+        """Splits lean weight `index`, stored in float32 (`keras_amp.memory.float32_weights`), back.
+
+        `pair`: its `stored_pair` from before, put back as it was where the master is unchanged: a
+        "kahan" remainder of exactly half an ulp makes a tie that the split of the join rounds the
+        other way (the same master, another pair, another forward pass).
+        """
         dtype = self._kinds[index][1]
         master = _f32(variable.value)
         storage.set_storage(variable, dtype, tf.cast(master, dtype))
         self.rekey(variable, index)
+        if pair is not None and bits.same_bits(master, pair[2]):
+            variable.assign(pair[0])
+            if pair[1] is not None:
+                self._low[index].assign(pair[1])
+            return
         self._store(variable, master, tf.constant([0, 0], tf.int32))
 
     def _apply_weight_decay(self, variables):

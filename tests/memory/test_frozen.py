@@ -4,10 +4,12 @@ import warnings
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras
 import keras_amp
 from keras_amp import memory
+from keras_amp.memory import storage
 from keras_amp.policy import AmpWarning
 
 X = np.random.RandomState(0).randn(64, 16).astype("float32")
@@ -101,6 +103,37 @@ def test_restore_frozen_float32_from_the_pretrained_file_keeps_trained_adapters(
     np.testing.assert_array_equal(model.layers[0].lora_kernel_b.numpy(), adapters)
 
 
+def test_restore_frozen_float32_from_a_file_that_does_not_fit_changes_nothing(tmp_path):
+    # Keras loads what matches before it raises: the trained head had taken the file's values, and the
+    # frozen weights, unmarked, were not found again by a retry with the right file.
+    keras_amp.enable("mixed_bfloat16")
+    keras.utils.set_random_seed(0)
+
+    def build(inputs):
+        return keras.Sequential([keras.Input((inputs,)), keras.layers.Dense(16, name="base"),
+                                 keras.layers.Dense(1, dtype="float32", name="head")])
+
+    wrong, right = str(tmp_path / "wrong.weights.h5"), str(tmp_path / "right.weights.h5")
+    build(4).save_weights(wrong)  # the base's kernel has another shape; the head's fits
+    model = build(16)
+    model.save_weights(right)
+    pretrained = model.get_layer("base").kernel.numpy().copy()
+    model.get_layer("base").trainable = False
+    model.compile(keras.optimizers.Adam(1e-2), "mse")
+    model.fit(X, Y[:, :1], batch_size=16, epochs=1, verbose=0)
+    head, base = model.get_layer("head").kernel.numpy().copy(), model.get_layer("base").kernel
+    stored, frozen = base.numpy().copy(), [v.path for v in model.get_layer("base").weights]
+    assert memory.storage_dtype(base) == "bfloat16"  # guard
+    with pytest.raises(ValueError):
+        memory.restore_frozen_float32(model, wrong)
+    np.testing.assert_array_equal(model.get_layer("head").kernel.numpy(), head)
+    assert memory.storage_dtype(base) == "bfloat16" and [v.path for v in memory.frozen_16bit(model)] == frozen
+    np.testing.assert_array_equal(base.numpy(), stored)
+    assert memory.restore_frozen_float32(model, right) == frozen
+    np.testing.assert_array_equal(base.numpy(), pretrained)
+    np.testing.assert_array_equal(model.get_layer("head").kernel.numpy(), head)
+
+
 def test_unfreezing_goes_back_to_float32_with_a_warning():
     model, _ = _lora_fit("compute", epochs=1)
     model.layers[3].trainable = True
@@ -110,6 +143,42 @@ def test_unfreezing_goes_back_to_float32_with_a_warning():
     assert model.layers[3].kernel.path in done.back_to_float32
     assert memory.storage_dtype(model.layers[3].kernel) == "float32"
     assert any(issubclass(w.category, AmpWarning) and "float32 storage" in str(w.message) for w in caught)
+
+
+def test_unfrozen_weights_recompiled_with_lean_adam_are_lean_and_training_goes_on():
+    # Fine-tuning: a head trained over a frozen (16-bit stored) layer, then the layer unfrozen and the model
+    # compiled with LeanAdam. The thawed weights had stayed float32 beside a built LeanAdam, and the next
+    # fit refused with "already built on float32 weights".
+    model, _ = _lora_fit("compute", epochs=1)
+    frozen = model.layers[3]
+    assert memory.storage_dtype(frozen.kernel) == "bfloat16"  # guard: it was stored in 16 bits
+    frozen.trainable = True
+    model.compile(keras_amp.optimizers.LeanAdam(1e-3), "mse")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AmpWarning)  # the back-to-float32 notice, tested above
+        model.fit(X, Y, batch_size=16, epochs=1, verbose=0)
+    assert memory.storage_dtype(frozen.kernel) == "bfloat16" and storage.is_marked_lean(frozen.kernel)
+    before = frozen.kernel.numpy().copy()
+    model.fit(X, Y, batch_size=16, epochs=1, verbose=0)
+    assert np.isfinite(model.evaluate(X, Y, verbose=0)) and not np.array_equal(frozen.kernel.numpy(), before)
+
+
+def test_a_lean_adam_built_on_float32_weights_keeps_training_them_as_stored():
+    # A custom loop that skipped prepare: LeanAdam built on float32 weights trains them as Keras's Adam
+    # (and warns). Compiling and evaluating afterwards had raised from fit's prepare.
+    keras_amp.enable("mixed_bfloat16")
+    model = _model()
+    model(X[:1])
+    opt = keras_amp.optimizers.LeanAdam(1e-3)
+    with tf.GradientTape() as tape:
+        loss = keras.losses.MeanSquaredError()(Y[:16], model(X[:16], training=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AmpWarning)
+        opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    model.compile(opt, "mse")
+    assert np.isfinite(model.evaluate(X, Y, verbose=0))
+    model.fit(X, Y, batch_size=16, epochs=1, verbose=0)
+    assert {memory.storage_dtype(v) for v in model.trainable_variables} == {"float32"}
 
 
 def test_bad_arguments():

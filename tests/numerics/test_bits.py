@@ -106,3 +106,11 @@ def test_same_bits_compares_bit_patterns_nan_and_signed_zero_included():
     assert bits.same_bits(a, tf.identity(a))  # NaN == NaN by bits, where tf.equal says no
     assert not bits.same_bits(a, tf.constant([1.0, float("nan"), 0.0, 0.0], tf.bfloat16))  # -0.0 vs 0.0
     assert not bits.same_bits(a, tf.constant([1.0078125, float("nan"), 0.0, -0.0], tf.bfloat16))  # one ulp
+
+
+def test_same_bits_takes_float32_and_says_no_across_dtypes():
+    a = tf.constant([1.0, float("nan"), -0.0], tf.float32)
+    assert bits.same_bits(a, tf.identity(a))
+    assert not bits.same_bits(a, tf.constant([1.0, float("nan"), 0.0], tf.float32))
+    assert not bits.same_bits(a, tf.constant([1.0000001, float("nan"), -0.0], tf.float32))  # one ulp
+    assert not bits.same_bits(a, tf.cast(a, tf.bfloat16))
