@@ -62,6 +62,28 @@ def op_kind(layer: Any) -> str | None:
 
 _ROOTS = ("Rsqrt", "Sqrt")
 
+# Keras's own layers whose call takes no root: tracing one shows none (tests/test_layer_kinds.py traces every
+# class here), so `normalization_dtype` answers without a trace, which took most of `apply_recipe`'s time on
+# a large model (InceptionResNetV2's 781 layers). Exact types only: a subclass's call may be anything, and so
+# may an activation that is not one of Keras's own.
+KNOWN_ROOTLESS = tuple(getattr(keras.layers, name) for name in (
+    "Activation", "AveragePooling1D", "AveragePooling2D", "AveragePooling3D", "Conv1D", "Conv1DTranspose",
+    "Conv2D", "Conv2DTranspose", "Conv3D", "Conv3DTranspose", "Cropping1D", "Cropping2D", "Cropping3D", "Dense",
+    "DepthwiseConv1D", "DepthwiseConv2D", "Dropout", "ELU", "EinsumDense", "Flatten", "GlobalAveragePooling1D",
+    "GlobalAveragePooling2D", "GlobalAveragePooling3D", "GlobalMaxPooling1D", "GlobalMaxPooling2D",
+    "GlobalMaxPooling3D", "Identity", "LeakyReLU", "MaxPooling1D", "MaxPooling2D", "MaxPooling3D", "PReLU",
+    "Permute", "ReLU", "Rescaling", "Reshape", "SeparableConv1D", "SeparableConv2D", "SpatialDropout1D",
+    "SpatialDropout2D", "SpatialDropout3D", "UpSampling1D", "UpSampling2D", "UpSampling3D", "ZeroPadding1D",
+    "ZeroPadding2D", "ZeroPadding3D"))
+
+
+def _known_rootless(layer: Any) -> bool:
+    if type(layer) not in KNOWN_ROOTLESS:
+        return False
+    activation = getattr(layer, "activation", None)
+    name = getattr(activation, "__name__", None)
+    return activation is None or (name is not None and getattr(keras.activations, name, None) is activation)
+
 
 def _float_dtype(op: Any) -> str | None:
     """The floating-point dtype `op` computes in: its first float input's."""
@@ -92,8 +114,13 @@ def normalization_dtype(layer: Any) -> str | None:
     with one input tensor and no sublayers are traced (their ops are their own); None for the
     others, whose ops only a traced model step attributes (`keras_amp.diagnostics`).
     """
-    if not is_layer(layer) or isinstance(layer, keras.Model) or children(layer):
+    if not is_layer(layer) or isinstance(layer, keras.Model) or children(layer) or _known_rootless(layer):
         return None
+    return traced_root_dtype(layer)
+
+
+def traced_root_dtype(layer: Any) -> str | None:
+    """`normalization_dtype` from the trace of `layer`'s call alone, for any layer (no shortcut)."""
     try:
         spec = layer.input  # the KerasTensor of its first call in a graph
     except (AttributeError, ValueError):
