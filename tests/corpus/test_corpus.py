@@ -1,6 +1,6 @@
 """The "tested on" corpus: keras_amp on keras.applications, keras-hub and hand-written models.
 
-For each model of `corpus_models.CASES`, under mixed_float16 and mixed_bfloat16 (built after
+For each model of `corpus_models.CASES`, under mixed_float16 and mixed_bfloat16 (its `policies`; built after
 `keras_amp.enable()`): the recipe applies in place; no sensitive op runs in 16 bits (the dynamic
 audit, forward and backward); the weights are those of a float32 build (set from it) and the
 recipe leaves them untouched; the inference-mode loss is within `LOSS_RTOL` of the float32
@@ -27,7 +27,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:mixed_.* requested:keras_amp.AmpWarning"),
     pytest.mark.filterwarnings("ignore::UserWarning"),  # applications: input shape; keras-hub: unused weights
 ]
-POLICIES = ("mixed_float16", "mixed_bfloat16")
 # |loss_mixed - loss_float32| <= LOSS_RTOL * max(1, |loss_float32|), inference mode, same weights.
 # Measured worst cases: bfloat16 5.5e-3 (ResNet50V2, whose random-weight softmax saturates),
 # float16 under 1e-3. bfloat16 keeps 8 significant bits (relative step 7.8e-3), float16 11 (9.8e-4).
@@ -85,8 +84,8 @@ def _policies(model):
     return [(type(layer).__name__, layer.dtype_policy.name) for _, layer in model_graph.walk(model)]
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("case", corpus_models.CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize(("case", "policy"), [pytest.param(case, policy, id=f"{case.name}-{policy}")
+                                              for case in corpus_models.CASES for policy in case.policies])
 def test_corpus_model(case, policy, tmp_path_factory):
     directory = tmp_path_factory.mktemp(case.name)
     ref = reference(case, directory)
