@@ -101,6 +101,7 @@ def _check(args: argparse.Namespace) -> int:
     from keras_amp.diagnostics import symptoms
     from keras_amp.diagnostics.check import check_model
     from keras_amp.diagnostics.overflow import find_overflow
+    from keras_amp.diagnostics.traced_step import REFERENCE_FACTOR
 
     try:
         if not 0.0 < args.underflow <= 1.0:
@@ -131,7 +132,7 @@ def _check(args: argparse.Namespace) -> int:
         diagnoses.append(symptoms.diagnose(
             "zero_gradients", {"loss_scaled": located.loss_scale > 1.0, "gradient_underflow": True},
             ", ".join(f"{s.path!r}: {s.gradients.underflow_fraction:.0%} underflowed/subnormal" for s in underflowing),
-            layers=[s.path for s in underflowing], double_scale=f"{located.loss_scale * 2:g}"))
+            layers=[s.path for s in underflowing], probe_scale=f"{located.loss_scale * REFERENCE_FACTOR:g}"))
     clean = report.ok and not diagnoses
     if args.json:
         print(json.dumps(_strict_json({
@@ -166,6 +167,8 @@ def _overflow_diagnosis(model, located, symptoms):
     """The non-finite-loss diagnosis of `find_overflow`'s report: the data first, then the scale."""
     import keras
 
+    from keras_amp.diagnostics.traced_step import REFERENCE_FACTOR
+
     layers = located.offending_layers()
     scaled = isinstance(getattr(model, "optimizer", None), keras.optimizers.LossScaleOptimizer)
     forward = located.forward is not None and located.forward.layer in layers
@@ -176,7 +179,8 @@ def _overflow_diagnosis(model, located, symptoms):
              "forward_overflow": forward}
     context = {"layers": layers, "data": "; ".join(f"the --batch {d}" for d in located.data)}
     if scaled:
-        context.update(half_scale=f"{located.loss_scale / 2:g}", double_scale=f"{located.loss_scale * 2:g}")
+        context.update(half_scale=f"{located.loss_scale / 2:g}",
+                       probe_scale=f"{located.loss_scale * REFERENCE_FACTOR:g}")
     detail = f"find_overflow at loss scale {located.loss_scale:g}"
     if math.isfinite(located.loss) and not located.data:  # the loss is finite: only the backward pass overflows
         then = "the step is skipped" if scaled else "the step puts inf/NaN into the weights"

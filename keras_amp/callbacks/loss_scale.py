@@ -24,6 +24,7 @@ from keras_amp.callbacks.data_watch import DataWatch
 from keras_amp.callbacks.trend_checks import TrendChecks, memory_in_use
 from keras_amp.callbacks.update_loss import UpdateLossChecks
 from keras_amp.diagnostics import symptoms, user_site
+from keras_amp.diagnostics.traced_step import REFERENCE_FACTOR
 from keras_amp.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
 ON_NAN = ("warn", "stop")
@@ -324,7 +325,7 @@ class LossScaleMonitor(TrendChecks, UpdateLossChecks, keras.callbacks.Callback):
         scale = self._last.get("loss_scale")
         context = {}
         if scale is not None:
-            context.update(half_scale=f"{scale / 2:g}", double_scale=f"{scale * 2:g}")
+            context.update(half_scale=f"{scale / 2:g}", probe_scale=f"{scale * REFERENCE_FACTOR:g}")
         if getattr(opt, "min_scale", None) is not None:
             context["half_min_scale"] = f"{opt.min_scale / 2:g}"
         return context

@@ -6,7 +6,7 @@
 troubleshooting section all print from these two tables: change the advice here, nowhere else.
 
 A question node asks one yes/no fact (`fact`) and says how to find it out (`how`); a leaf lists
-actions. Actions are templates: `{layers}`, `{vanishing}`, `{half_scale}`, `{double_scale}`, `{half_min_scale}`
+actions. Actions are templates: `{layers}`, `{vanishing}`, `{half_scale}`, `{probe_scale}`, `{half_min_scale}`
 are filled from what the caller knows, else with a generic phrase.
 """
 
@@ -125,7 +125,8 @@ NODES: tuple[Node, ...] = (
          "GradientStatistics callback: zeros that are values at a 4096x larger scale",
          "raise_scale", "dead_gradients"),
     Node("raise_scale", actions=(
-        "Raise the loss scale: initial_scale={double_scale}, or a larger min_scale.",
+        "Raise the loss scale to where the zeros are values: initial_scale={probe_scale} (it backs off if "
+        "steps overflow), or a larger min_scale.",
         "Or " + _FLOAT32 + ".")),
     Node("dead_gradients", actions=(
         "The gradients are zero in float32 too: look for dead ReLUs, a stop_gradient, a frozen "
@@ -184,7 +185,7 @@ _GENERIC = {
     "layers": "the layers keras_amp.find_overflow(model, x, y) names",
     "vanishing": "the layers keras_amp.diagnostics.UpdateLossProbe (or LossScaleMonitor(update_loss_every=N)) names",
     "half_scale": "float(optimizer.dynamic_scale) / 2",
-    "double_scale": "float(optimizer.dynamic_scale) * 2",
+    "probe_scale": "float(optimizer.dynamic_scale) * 4096",
     "half_min_scale": "optimizer.min_scale / 2",
     "data": "the batch",
     "rules": "{layer.name: 'float32'}",
@@ -227,7 +228,7 @@ def diagnose(name: str, facts: Mapping[str, Any] | None = None, detail: str = ""
 
     The walk stops at the first fact that is missing (or None): that question is answered
     "unknown", and the one action is to find it out (never the actions of both branches).
-    `context` fills the action templates (`layers`, `half_scale`, `double_scale`,
+    `context` fills the action templates (`layers`, `half_scale`, `probe_scale`,
     `half_min_scale`, `data`); a value not given is said as an expression to evaluate.
     """
     facts = facts or {}

@@ -57,8 +57,9 @@ def test_the_named_layers_fill_the_float32_action_and_rules_that_match_them_in_f
 
 def test_values_not_given_are_said_as_expressions_to_evaluate():
     d = symptoms.diagnose("zero_gradients", {"loss_scaled": True, "gradient_underflow": True},
-                          layers=[], double_scale=None)
-    assert d.actions[0] == "Raise the loss scale: initial_scale=float(optimizer.dynamic_scale) * 2, or a larger min_scale."
+                          layers=[], probe_scale=None)
+    assert d.actions[0] == ("Raise the loss scale to where the zeros are values: initial_scale="
+                            "float(optimizer.dynamic_scale) * 4096 (it backs off if steps overflow), or a larger min_scale.")
     assert "compute the layers keras_amp.find_overflow(model, x, y) names in float32" in d.actions[1]
     assert "rules={layer.name: 'float32'}" in d.actions[1]
 
