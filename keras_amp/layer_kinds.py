@@ -116,10 +116,10 @@ def normalization_dtype(layer: Any) -> str | None:
     """
     if not is_layer(layer) or isinstance(layer, keras.Model) or children(layer) or _known_rootless(layer):
         return None
-    return traced_root_dtype(layer)
+    return _traced_root_dtype(layer)
 
 
-def traced_root_dtype(layer: Any) -> str | None:
+def _traced_root_dtype(layer: Any) -> str | None:
     """`normalization_dtype` from the trace of `layer`'s call alone, for any layer (no shortcut)."""
     try:
         spec = layer.input  # the KerasTensor of its first call in a graph

@@ -206,6 +206,9 @@ class WalkSpy(keras.callbacks.Callback):
         self.per_hook.append((hook, len(self.walked)))
         self.walked.clear()
 
+    def on_train_begin(self, logs=None):
+        self._take("train_begin")
+
     def on_epoch_begin(self, epoch, logs=None):
         self._take(f"epoch_begin {epoch}")
 

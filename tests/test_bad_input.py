@@ -35,7 +35,7 @@ from keras_amp import auto_precision, callbacks, diagnostics, doctor, model_grap
 from keras_amp import layers as amp_layers
 from keras_amp.distribute import local_cluster
 from keras_amp.hardware import DeviceInfo, GpuInfo
-from keras_amp.losses import float32_loss
+from keras_amp.losses import as_compiled, float32_loss
 from keras_amp.optimizers import LossScaleOptimizer, choose_tier, scale_rule, wrap
 
 PLAIN_CPU = DeviceInfo(cpu_model="test", cpu_flags=frozenset({"avx2"}), onednn_enabled=True)
@@ -131,6 +131,7 @@ API = {
     "wrap": (wrap, _wrap),
     "choose_tier": (choose_tier, _with(choose_tier, num_params=1000)),
     "float32_loss": (float32_loss, _with(float32_loss)),
+    "as_compiled": (as_compiled, _with(as_compiled)),
     "doctor.collect": (doctor.collect, _with(doctor.collect)),
     "doctor.register_section": (doctor.register_section, _with(doctor.register_section)),
     "doctor.format_report": (doctor.format_report, _with(doctor.format_report)),
@@ -260,7 +261,7 @@ ANY_VALUE = {
 PUBLIC_MODULES = (
     "keras_amp", "keras_amp.distribute", "keras_amp.distribute.local_cluster", "keras_amp.layers",
     "keras_amp.callbacks", "keras_amp.diagnostics", "keras_amp.auto_precision", "keras_amp.recipes",
-    "keras_amp.model_graph", "keras_amp.layer_kinds", "keras_amp.optimizers", "keras_amp.memory",
+    "keras_amp.model_graph", "keras_amp.layer_kinds", "keras_amp.optimizers", "keras_amp.memory", "keras_amp.losses",
 )
 
 
@@ -396,6 +397,7 @@ BAD = [
     ("wrap", "foo", 1, TypeError),  # **kwargs: unknown names
     # losses, doctor
     ("float32_loss", "fn", "mse", TypeError),
+    ("as_compiled", "loss", 3, TypeError),
     ("doctor.collect", "device", "cpu", TypeError),
     ("doctor.register_section", "fn", 3, TypeError),
     ("doctor.format_report", "sections", "Versions", TypeError),

@@ -78,7 +78,7 @@ def test_known_rootless_layers_are_what_their_traces_show():
             tf.TensorSpec(layer.input.shape, layer.input.dtype)).graph  # raises where it cannot trace
         assert len(graph.get_operations()) > 2, name  # guard: the layer's ops are there
         assert not [op for op in graph.get_operations() if op.type in ("Rsqrt", "Sqrt")], name
-        assert layer_kinds.traced_root_dtype(layer) is None and layer_kinds.normalization_dtype(layer) is None, name
+        assert layer_kinds._traced_root_dtype(layer) is None and layer_kinds.normalization_dtype(layer) is None, name
 
 
 class RMSDense(keras.layers.Dense):

@@ -163,12 +163,17 @@ class DecisionStore(_SAVEABLE):
         # class's attributes. A bare Operation's are the fewest, and ours hold no saveables.
         return "Operation"
 
-    def register(self, owner: Checkpointed) -> str:
-        """Saves `owner`'s state from now on; restores state loaded for its name; returns the name."""
+    def register(self, owner: Checkpointed, key: str | None = None) -> str:
+        """Saves `owner`'s state from now on; restores state loaded for its name; returns the name.
+
+        The name is `key` (default: the owner's class name), with `_1`, `_2`, ... for the next
+        owners of the same key: callbacks of one key are told apart by their order only, so an
+        owner whose state depends on its arguments puts them in its key.
+        """
         for name, known in self._owners.items():
             if known is owner:
                 return name
-        base = type(owner).__name__
+        base = key or type(owner).__name__
         name, i = base, 1
         while name in self._owners:
             name, i = f"{base}_{i}", i + 1

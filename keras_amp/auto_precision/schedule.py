@@ -16,6 +16,8 @@ again.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import re
 from typing import Iterable, Mapping
 
@@ -42,13 +44,16 @@ class PrecisionChange:
 class ProgressivePrecision(keras.callbacks.Callback):
     """Raises layers to float32 at scheduled points of training.
 
-    A change applies before the first epoch (or step) at or past its key. The global step is
+    A change applies before the first epoch (or step) at or past its key; with
+    `steps_per_execution=k`, before the k steps that reach it. Every name is checked against the
+    model when training begins. The global step is
     the number of training steps the optimizer has run across every `fit()`: keras_amp's
     LossScaleOptimizer's `total_steps` (skipped steps included), else `iterations` (a stock
     LossScaleOptimizer leaves skipped steps out). Applied changes are saved with the model's
     weights (`save_weights`, `.keras`, `BackupAndRestore`, `ModelCheckpoint`) and set again at
     `on_train_begin`/`on_epoch_begin` after a restore (`load_weights`, or a model from
-    `keras.saving.load_model`).
+    `keras.saving.load_model`), each callback's under its unit and schedule (callbacks listed in
+    another order get their own).
 
     Args:
         schedule: Mapping of int (0-based epoch or global step at which the change applies,
@@ -72,9 +77,10 @@ class ProgressivePrecision(keras.callbacks.Callback):
         for at, paths in schedule.items():
             at = validation.check_int("schedule key", at, min_value=0)
             if isinstance(paths, str) or not isinstance(paths, Iterable):
+                why = " (a list, not one string)" if isinstance(paths, str) else ""
                 raise TypeError(
-                    "Each `schedule` value must be an iterable of layer-path regexes (a list, not one "
-                    f"string). Received: schedule[{at}]={paths!r}"
+                    f"Each `schedule` value must be an iterable of layer-path regexes{why}. "
+                    f"Received: schedule[{at}]={paths!r}"
                 )
             patterns = []
             for p in paths:
@@ -106,7 +112,9 @@ class ProgressivePrecision(keras.callbacks.Callback):
         if top is not None:
             top = validation.check_int("top", top, min_value=1)
         # result.layers is in the search's order: worst first (loss, then gradient, then output error).
-        kept = [d.path for d in result.layers if d.decision == FLOAT32]
+        # The chosen layers only: a layer float32 with a chosen block above it comes with the block.
+        chosen = set(result.float32_layers)
+        kept = [d.path for d in result.layers if d.path in chosen]
         if not kept:
             raise ValueError(
                 f"`result` keeps no layer in float32 (every one of its {len(result.layers)} candidates is within "
@@ -116,7 +124,14 @@ class ProgressivePrecision(keras.callbacks.Callback):
 
     def set_model(self, model):
         super().set_model(model)
-        model_policies.decision_store(model).register(self)
+        model_policies.decision_store(model).register(self, self._key())
+
+    def _key(self) -> str:
+        """The checkpoint's name for this callback's state: its unit and schedule, so that a restart
+        with the callbacks in another order gives each its own state."""
+        schedule = sorted((at, [r.pattern for r in patterns]) for at, patterns in self.schedule.items())
+        digest = hashlib.sha1(json.dumps([self.unit, schedule]).encode("utf-8")).hexdigest()[:12]
+        return f"ProgressivePrecision_{self.unit}_{digest}"
 
     def checkpoint_state(self) -> dict:
         """The applied changes, for the model's checkpoint."""
@@ -125,7 +140,12 @@ class ProgressivePrecision(keras.callbacks.Callback):
 
     def restore_state(self, state: dict) -> None:
         """Takes the applied changes from a checkpoint; the hooks set their policies again."""
-        self._applied = {int(at) for at in state["applied"] if int(at) in self.schedule}
+        applied = {int(at) for at in state["applied"]}
+        if state.get("unit") != self.unit or not applied <= set(self.schedule):
+            logging.warning("ProgressivePrecision: the checkpoint's state %s is another schedule's (unit %r, "
+                            "points %s): not restored", state, self.unit, sorted(self.schedule))
+            return
+        self._applied = applied
         self.changes = [PrecisionChange(u, int(at), tuple(layers)) for u, at, layers in state["changes"]]
 
     def _hits(self, at: int, layers: dict) -> list[str]:
@@ -134,15 +154,15 @@ class ProgressivePrecision(keras.callbacks.Callback):
         if missing:
             raise ValueError(
                 f"ProgressivePrecision: schedule[{at}] names no layer of model {self.model.name!r}: {missing}. "
-                f"Layer paths: {list(layers)[:8]}..."
+                f"Layer paths: {list(layers)[:8]}{' ...' if len(layers) > 8 else ''}"
             )
         return [p for p, l in layers.items() if any(r.fullmatch(p) or r.fullmatch(l.name) for r in patterns)]
 
-    def _reapply(self) -> None:
+    def _reapply(self, tree: model_graph.LayerTree | None = None) -> None:
         """Sets the policies of changes applied before a restart again (a rebuilt model lost them)."""
         if not self._applied:
             return
-        tree = model_graph.layer_tree(self.model)  # the one walk of this call
+        tree = model_graph.layer_tree(self.model, tree)  # the one walk of this call
         layers = model_policies.layers_by_path(self.model, tree=tree)
         paths = [p for at in sorted(self._applied) for p in self._hits(at, layers)]
         changed = model_policies.reapply_float32(self.model, paths, tree=tree)
@@ -170,7 +190,11 @@ class ProgressivePrecision(keras.callbacks.Callback):
             self.model.make_train_function(force=True)  # one retrace for every change due now
 
     def on_train_begin(self, logs=None):
-        self._reapply()
+        tree = model_graph.layer_tree(self.model)  # the one walk of this call
+        layers = model_policies.layers_by_path(self.model, tree=tree)
+        for at in self.schedule:
+            self._hits(at, layers)  # a name that matches no layer fails now, not when training reaches it
+        self._reapply(tree)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._reapply()  # also here: a BackupAndRestore listed after this callback restores later
@@ -181,4 +205,9 @@ class ProgressivePrecision(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         if self.unit == "step":
-            self._apply_due(self._epoch_start_step + batch)
+            # With steps_per_execution=k the hook runs once per k steps: a change due inside the k
+            # steps about to run applies before them (up to k - 1 steps early), not after or never.
+            self._apply_due(self._epoch_start_step + batch + self._steps_per_call() - 1)
+
+    def _steps_per_call(self) -> int:
+        return max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)

@@ -102,6 +102,9 @@ def prepare(model, optimizer=None, *, frozen_weights: str | None = None) -> Prep
         functions are dropped so that the next call traces with the new variables.
     """
     _check_model(model)
+    if not model.built:  # its weights do not exist yet: nothing could be stored, and nothing would say so
+        raise ValueError(f"`model` must be built before prepare: call it on a batch or model.build(input_shape) "
+                         f"first. Received: model={model.name!r}, not built")
     mode = _frozen_mode() if frozen_weights is None else frozen_weights
     if mode not in amp_policy.FROZEN_WEIGHTS:
         raise ValueError(f"`frozen_weights` must be one of {amp_policy.FROZEN_WEIGHTS} or None. "

@@ -102,11 +102,11 @@ class LeanAdam(keras.optimizers.Adam):
         return {**super().get_config(), "compensation": self.compensation, "moments": self.moments,
                 "jit_update": self.jit_update}
 
-    def _kind(self, dtype: str) -> str:
+    def _kind(self, dtype: str, path: str) -> str:
         kind = self.compensation or ("split" if dtype == "bfloat16" else "kahan")
         if kind in ("split", "stochastic") and dtype != "bfloat16":
-            raise ValueError(f"LeanAdam: compensation={kind!r} needs bfloat16 weights; this layer "
-                             f"computes in {dtype}. Use compensation='kahan' (or None).")
+            raise ValueError(f"LeanAdam: compensation={kind!r} needs bfloat16 weights; weight {path!r} is read "
+                             f"in {dtype} (its layer's compute dtype). Use compensation='kahan' (or None).")
         return kind
 
     def adopt_lean(self, targets) -> list[str]:
@@ -121,7 +121,7 @@ class LeanAdam(keras.optimizers.Adam):
         paths = []
         for variable, dtype in targets:
             master = _f32(variable.value)
-            kind = self._kind(dtype)
+            kind = self._kind(dtype, variable.path)
             low = None
             if kind == "split":
                 hi, low = bits.split(master)

@@ -1,5 +1,7 @@
 """ProgressivePrecision: policies change at the scheduled point, one retrace per change, state intact."""
 
+import dataclasses
+
 import keras
 import numpy as np
 import pytest
@@ -83,6 +85,19 @@ def test_from_search_raises_only_the_layers_the_search_keeps_float32():
     assert {model.get_layer(p).dtype_policy.name for p in ("d1", "out")} == {"mixed_bfloat16"}  # left as searched
 
 
+def test_from_search_top_counts_the_chosen_layers_only():
+    # A layer float32 because a chosen block holds it is not itself chosen: `top` had counted it, dropped
+    # the block and raised its inner layer alone.
+    model = sensitive_model("mixed_bfloat16")
+    result = search_precision(model, [(X[:32], Y[:32])], tolerance=0.01, batches=1, verbose=0)
+    sensitive = next(d for d in result.layers if d.path == "sensitive")
+    inner = dataclasses.replace(sensitive, path="block/inner", reason="float32 with block")
+    block = dataclasses.replace(sensitive, path="block")
+    rows = (inner, block) + tuple(d for d in result.layers if d.path != "sensitive")
+    fake = dataclasses.replace(result, layers=rows, float32_layers=("block",))
+    assert ProgressivePrecision.from_search(fake, at=0, top=1).schedule[0][0].pattern == "block"
+
+
 def test_from_search_with_no_float32_layer_has_nothing_to_raise():
     model = sensitive_model("mixed_bfloat16", sensitive=lambda name: keras.layers.Identity(name=name))
     result = search_precision(model, [(X[:32], Y[:32])], tolerance=0.05, batches=1, verbose=0)
@@ -95,11 +110,47 @@ def test_from_search_with_no_float32_layer_has_nothing_to_raise():
         ProgressivePrecision.from_search(result, at=-1)
 
 
-def test_unknown_layer_fails_loudly():
+def test_unknown_layer_fails_loudly_before_any_step():
+    # A later entry's typo had surfaced only when training reached it, the epochs before it lost.
     model = _model()
-    with pytest.raises(ValueError, match="names no layer"):
-        model.fit(X, Y, batch_size=16, epochs=1, verbose=0,
-                  callbacks=[ProgressivePrecision({0: ["no_such_layer"]})])
+    with pytest.raises(ValueError, match=r"schedule\[3\] names no layer .*\['no_such_layer'\]"):
+        model.fit(X, Y, batch_size=16, epochs=4, verbose=0,
+                  callbacks=[ProgressivePrecision({0: ["sensitive"], 3: ["no_such_layer"]})])
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
+def test_a_step_change_inside_a_multi_step_execution_applies_before_it():
+    # steps_per_execution=4: the batch hook runs before steps 0 and 4 only; a change at step 5 had
+    # been left for a hook that never came.
+    model = _model()
+    model.compile(keras.optimizers.Adam(1e-2), "mse", steps_per_execution=4)
+    schedule = ProgressivePrecision({5: ["sensitive"]}, unit="step")
+    model.fit(X[:32], Y[:32], batch_size=4, epochs=1, verbose=0, callbacks=[schedule])  # 8 steps
+    assert [(c.unit, c.at, c.layers) for c in schedule.changes] == [("step", 5, ("sensitive",))]
+    assert model.get_layer("sensitive").dtype_policy.name == "float32"
+
+
+def test_restarted_callbacks_in_another_order_each_restore_their_own_state(tmp_path):
+    # States had been named by class and order: the step callback took the epoch one's changes.
+    model = _model()
+    by_epoch, by_step = ProgressivePrecision({1: ["sensitive"]}), ProgressivePrecision({100: ["d1"]}, unit="step")
+    model.fit(X, Y, batch_size=16, epochs=2, verbose=0, callbacks=[by_epoch, by_step])
+    assert [c.at for c in by_epoch.changes] == [1] and by_step.changes == []  # guard
+    path = str(tmp_path / "m.weights.h5")
+    model.save_weights(path)
+    again = _model()
+    again.load_weights(path)
+    step_again, epoch_again = ProgressivePrecision({100: ["d1"]}, unit="step"), ProgressivePrecision({1: ["sensitive"]})
+    for callback in (step_again, epoch_again):  # the other order
+        callback.set_model(again)
+    assert epoch_again.changes == by_epoch.changes and step_again.changes == []
+    assert epoch_again._applied == {1} and step_again._applied == set()
+
+
+def test_a_state_of_another_schedule_is_not_taken():
+    schedule = ProgressivePrecision({4: ["d1"]}, unit="step")
+    schedule.restore_state({"unit": "epoch", "applied": [1], "changes": [["epoch", 1, ["sensitive"]]]})
+    assert schedule.changes == [] and schedule._applied == set()
 
 
 def test_moving_an_rnn_cell_to_float32_moves_its_matmul16_recurrence_too():
@@ -138,5 +189,7 @@ def test_each_callback_hook_walks_the_model_at_most_once(monkeypatch):
     spy = WalkSpy(walked)
     model.fit(tf.data.Dataset.from_tensor_slices((X, Y)).batch(16), epochs=3, callbacks=[schedule, spy], verbose=0)
     assert [(c.at, c.layers) for c in schedule.changes] == [(1, ("sensitive",))]  # guard: a change was made
-    # Epoch 1 applies the change with one read of the tree; epoch 2 re-applies (a no-op) with one.
-    assert [(hook, n) for hook, n in spy.per_hook if n] == [("epoch_begin 1", 1), ("epoch_begin 2", 1)], spy.per_hook
+    # The start checks every name with one read; epoch 1 applies the change with one; epoch 2 re-applies
+    # (a no-op) with one.
+    assert [(hook, n) for hook, n in spy.per_hook if n] == [("train_begin", 1), ("epoch_begin 1", 1),
+                                                            ("epoch_begin 2", 1)], spy.per_hook

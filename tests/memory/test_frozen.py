@@ -184,6 +184,9 @@ def test_a_lean_adam_built_on_float32_weights_keeps_training_them_as_stored():
 def test_bad_arguments():
     with pytest.raises(TypeError, match="model"):
         memory.prepare("not a model")
+    unbuilt = keras.Sequential([keras.layers.Dense(4)])
+    with pytest.raises(ValueError, match="`model` must be built"):
+        memory.prepare(unbuilt, keras_amp.optimizers.LeanAdam())
     with pytest.raises(ValueError, match="frozen_weights"):
         memory.prepare(_model(), frozen_weights="bf16")
     with pytest.raises(ValueError, match="frozen_weights"):

@@ -213,8 +213,10 @@ def test_bad_arguments_and_misuse_get_clear_errors():
     with pytest.raises(ValueError, match="amsgrad"):
         LeanAdam(amsgrad=True)
     keras_amp.enable("mixed_float16")
-    with pytest.raises(ValueError, match="needs bfloat16"):
-        memory.prepare(_model(), LeanAdam(compensation="split"))
+    model = _model()
+    with pytest.raises(ValueError, match="needs bfloat16") as info:
+        memory.prepare(model, LeanAdam(compensation="split"))
+    assert f"weight {model.trainable_variables[0].path!r} is read in float16" in str(info.value)  # names it
     keras_amp.enable("mixed_bfloat16")
     model, opt = _model(), LeanAdam()
     memory.prepare(model, opt)
