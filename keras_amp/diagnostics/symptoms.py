@@ -107,7 +107,8 @@ NODES: tuple[Node, ...] = (
          _FORWARD_HOW, "move_to_float32", "diverged"),
     Node("move_to_float32", actions=(
         "C" + _FLOAT32[1:] + ".",
-        "Run keras_amp.find_overflow(model, x, y) again: it should report no producer.")),
+        "Run keras_amp.find_overflow(model, x, y) again: it should report no producer, or name the next "
+        "layer to move (values that overflowed before may overflow one layer on).")),
     Node("lower_scale", actions=(
         "Lower the initial loss scale 2x: LossScaleOptimizer(..., initial_scale={half_scale}).",
         "If the backward pass still overflows, " + _FLOAT32 + ".")),
@@ -151,11 +152,12 @@ NODES: tuple[Node, ...] = (
         "Compare with a float32 run from the same seed: if it swings too, lower the learning rate "
         "or check the validation data; if not, move check_model's flagged layers to float32.",)),
     Node("memory", actions=(
-        "Check what runs outside the policy: keras_amp.check_model(model) and the op audit show ops "
-        "and variables kept in float32 and 16-bit tensors copied to float32.",
         "Check how long tensors live: per-step tensors kept in Python lists (callbacks, metrics, "
         "logs), tf.function retracing on changing shapes or Python arguments, models built in a "
-        "loop without keras.backend.clear_session().")),
+        "loop without keras.backend.clear_session().",
+        "Growth is a leak, not precision: a float32 copy costs its memory once. To lower the level "
+        "itself, keras_amp.check_model(model) and the op audit show ops and variables kept in float32 "
+        "and 16-bit tensors copied to float32.")),
     Node("lean_storage", "Are the layer's weights stored in 16 bits (pure 16-bit policy or LeanAdam)?",
          "weights_16bit", "keras_amp.memory.storage_dtype(variable) for the layer's weights",
          "compensate", "tiny_steps"),

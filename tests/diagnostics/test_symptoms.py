@@ -52,7 +52,8 @@ def test_the_named_layers_fill_the_float32_action_and_rules_that_match_them_in_f
     assert rules == {"block/k": "float32", r"a\.b": "float32"}
     # apply_recipe matches each rule against a whole name: the dot is escaped, not a wildcard.
     assert re.fullmatch(r"a\.b", "a.b") and not any(re.fullmatch(p, "axb") for p in rules)
-    assert d.actions[1] == "Run keras_amp.find_overflow(model, x, y) again: it should report no producer."
+    assert d.actions[1] == ("Run keras_amp.find_overflow(model, x, y) again: it should report no producer, or name "
+                            "the next layer to move (values that overflowed before may overflow one layer on).")
 
 
 def test_values_not_given_are_said_as_expressions_to_evaluate():
@@ -79,7 +80,8 @@ def test_render_text_of_one_symptom_is_that_symptom_only():
     lines = text.splitlines()
     assert lines[0] == "Memory grows epoch over epoch [memory_growth]"
     assert lines[1].startswith("  detected: device memory in use (GPU) or process RSS rises")
-    assert len(lines) == 4 and all(line.startswith("  - Check ") for line in lines[2:])
+    assert len(lines) == 4 and all(line.startswith("  - ") for line in lines[2:])
+    assert lines[2].startswith("  - Check how long tensors live") and "is a leak, not precision" in lines[3]
     assert text.endswith(".\n")
     everything = symptoms.render_text()
     assert all(f"[{name}]" in everything for name in symptoms.SYMPTOM_NAMES)
