@@ -95,6 +95,7 @@ class ProgressivePrecision(keras.callbacks.Callback):
         self.changes: list[PrecisionChange] = []
         self._applied: set[int] = set()
         self._epoch_start_step = 0
+        self._steps_per_call = 1
 
     @classmethod
     def from_search(cls, result: SearchResult, *, at: int, top: int | None = None,
@@ -190,6 +191,7 @@ class ProgressivePrecision(keras.callbacks.Callback):
             self.model.make_train_function(force=True)  # one retrace for every change due now
 
     def on_train_begin(self, logs=None):
+        self._steps_per_call = max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)  # read once a fit
         tree = model_graph.layer_tree(self.model)  # the one walk of this call
         layers = model_policies.layers_by_path(self.model, tree=tree)
         for at in self.schedule:
@@ -207,7 +209,4 @@ class ProgressivePrecision(keras.callbacks.Callback):
         if self.unit == "step":
             # With steps_per_execution=k the hook runs once per k steps: a change due inside the k
             # steps about to run applies before them (up to k - 1 steps early), not after or never.
-            self._apply_due(self._epoch_start_step + batch + self._steps_per_call() - 1)
-
-    def _steps_per_call(self) -> int:
-        return max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)
+            self._apply_due(self._epoch_start_step + batch + self._steps_per_call - 1)

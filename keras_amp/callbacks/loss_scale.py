@@ -160,8 +160,7 @@ class LossScaleMonitor(TrendChecks, UpdateLossChecks, keras.callbacks.Callback):
         self._at_epoch = 0
         self._floor_streak = 0
         self._zero_since: dict[str, int] = {}
-        self._val_prev: dict[str, float] = {}
-        self._train_prev: dict[str, float | None] = {}
+        self._val_prev: dict[str, tuple] = {}  # val_* key -> (its value, its training twin's or None)
         self._memory: list[int] = []
         self._intervals: list[float] = []
         self._tick = None
@@ -323,9 +322,8 @@ class LossScaleMonitor(TrendChecks, UpdateLossChecks, keras.callbacks.Callback):
     def _scale_context(self) -> dict:
         opt = self._optimizer()
         scale = self._last.get("loss_scale")
-        context = {}
-        if scale is not None:
-            context.update(half_scale=f"{scale / 2:g}", probe_scale=f"{scale * REFERENCE_FACTOR:g}")
+        context = {} if scale is None else {"half_scale": f"{scale / 2:g}",
+                                            "probe_scale": f"{scale * REFERENCE_FACTOR:g}"}
         if getattr(opt, "min_scale", None) is not None:
             context["half_min_scale"] = f"{opt.min_scale / 2:g}"
         return context

@@ -3,7 +3,7 @@
 `loss_scale.py` as they are.
 
 A mixin: it uses the monitor's state (`_tick`, `_intervals`, `_slow_before`, `_val_prev`,
-`_train_prev`, `_memory`, `_zero_since`, `_gradient_probe`, `_last`, `_batches`, the thresholds) and its
+`_memory`, `_zero_since`, `_gradient_probe`, `_last`, `_batches`, the thresholds) and its
 `_report` / `_scale_context` / `_optimizer` / `_probe_failed`.
 """
 
@@ -83,10 +83,10 @@ class TrendChecks:
         for key, value in logs.items():
             if not key.startswith("val_") or not isinstance(value, (int, float)):
                 continue
-            prev, train_prev = self._val_prev.get(key), self._train_prev.get(key)
             train = logs.get(key[4:])
             train = train if isinstance(train, (int, float)) else None
-            self._val_prev[key], self._train_prev[key] = value, train
+            prev, train_prev = self._val_prev.get(key, (None, None))
+            self._val_prev[key] = (value, train)
             if prev is None:
                 continue
             # Learning moves a validation metric the way it moves its training twin (both losses fall,
