@@ -1,6 +1,8 @@
 """Shared test helpers: policies, unit roundoff, float64 references. Import these; conftest files
 hold fixtures only."""
 
+import functools
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -14,6 +16,41 @@ MIXED = ["mixed_float16", "mixed_bfloat16"]
 
 # Unit roundoff (half the spacing at 1) of each compute dtype.
 UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+
+
+@functools.cache
+def matmul_rounding(dtype) -> str:
+    """How this device's TensorFlow kernel turns a 16-bit matmul's float32 sums into `dtype`, measured:
+    "nearest" (oneDNN, GPUs, float16) or "truncate" (Eigen's bfloat16 MatMul without oneDNN, the default
+    on AVX2-only CPUs: the float32 product with its low 16 bits dropped)."""
+    rng = np.random.default_rng(0)
+    a, b = (tf.cast(rng.standard_normal(shape), dtype) for shape in ((64, 32), (32, 48)))
+    got = tf.raw_ops.MatMul(a=a, b=b)
+    total = tf.raw_ops.MatMul(a=tf.cast(a, tf.float32), b=tf.cast(b, tf.float32))
+    if np.mean(np64(got) == np64(tf.cast(total, dtype))) > 0.99:
+        return "nearest"
+    if dtype in ("bfloat16", tf.bfloat16) and np.mean(np64(got) == _truncated_bfloat16(total)) > 0.99:
+        return "truncate"
+    raise AssertionError(f"this device's {dtype} MatMul neither rounds its float32 sums nor truncates them")
+
+
+def matmul_roundoff(dtype) -> float:
+    """The largest relative error of this device's 16-bit matmul result against its float32 sum: the
+    unit roundoff where it rounds to nearest, twice that (a whole ulp) where it truncates."""
+    u = UNIT_ROUNDOFF[tf.as_dtype(dtype).name]
+    return u if matmul_rounding(dtype) == "nearest" else 2 * u
+
+
+def as_matmul_result(x, dtype) -> np.ndarray:
+    """Float64 values `x` as this device's 16-bit matmul kernel would store them (see matmul_rounding)."""
+    if matmul_rounding(dtype) == "nearest":
+        return np64(tf.cast(tf.constant(np.asarray(x, np.float64)), dtype))
+    return _truncated_bfloat16(np.asarray(x, np.float32))
+
+
+def _truncated_bfloat16(x) -> np.ndarray:
+    bits = np.asarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFF0000)
+    return bits.view(np.float32).astype(np.float64)
 
 
 def compute_dtype(policy_name):

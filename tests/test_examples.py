@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -185,6 +186,7 @@ def common(monkeypatch):
         monkeypatch.setenv(name, os.environ.get(name, ""))
         if not os.environ[name]:
             monkeypatch.delenv(name)
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # the import sets it; restored
     import common as package  # noqa: PLC0415
     from common import data, flags  # noqa: PLC0415, F401
 
@@ -308,6 +310,15 @@ def test_tensorflow_banner_is_off_unless_the_user_sets_the_log_level():
     assert quiet.stdout.strip() == "True" and not BANNER.search(quiet.stderr), quiet.stderr
     assert loud.stdout.strip() == "False"  # the user's level: TensorFlow imported as usual, not by us
     assert loud.returncode == 0 and BANNER.search(loud.stderr), loud.stderr  # guard: this TensorFlow has a banner
+
+
+def test_keras_amp_warnings_are_one_line_and_others_pythons(common):
+    import keras_amp  # noqa: PLC0415
+
+    text = warnings.formatwarning(keras_amp.AmpWarning("slow here"), keras_amp.AmpWarning, "trainer.py", 180)
+    assert text == "warning: slow here\n", text
+    other = warnings.formatwarning(UserWarning("theirs"), UserWarning, "user.py", 3, line="x = 1")
+    assert other.startswith("user.py:3: UserWarning: theirs") and "x = 1" in other, other
 
 
 def test_default_run_folder_is_new_per_process(common):

@@ -6,10 +6,14 @@ Importing it also keeps the examples' output to what they print themselves:
 - TensorFlow's start-up banner (oneDNN, CUDA, CPU-instruction lines) is filtered out; a
   TF_CPP_MIN_LOG_LEVEL the user set is applied to it, and 0 shows it (`keras_amp_console`);
 - keras_amp's own INFO log lines (op rules installed, the recipe's plan) are off unless absl's
-  `--verbosity=0` is given: the examples print the policy, and `--show_plan` the plan.
+  `--verbosity=0` is given: the examples print the policy, and `--show_plan` the plan;
+- keras_amp's warnings are one line each, `warning: <message>`, without Python's file:line and
+  source line, which name the examples' code, not the user's.
 """
 
 from __future__ import annotations
+
+import warnings
 
 from absl import app, logging
 from absl import flags as absl_flags  # not `flags`: that name is the submodule common.flags
@@ -25,6 +29,17 @@ def _library_logs_at_warning() -> None:
     if not absl_flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
 
+
+_format_warning = warnings.formatwarning
+
+
+def _one_line_amp_warnings(message, category, filename, lineno, line=None) -> str:
+    if category.__name__ == "AmpWarning" and category.__module__.startswith("keras_amp"):
+        return f"warning: {message}\n"
+    return _format_warning(message, category, filename, lineno, line)
+
+
+warnings.formatwarning = _one_line_amp_warnings
 
 # After absl has parsed the flags (so `--help` stays instant), before the example's main runs.
 app.call_after_init(import_tensorflow_quietly)

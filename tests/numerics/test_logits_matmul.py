@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from keras_amp.numerics.logits_matmul import float32_logits
-from tests.helpers import np64
+from tests.helpers import matmul_roundoff, np64
 
 
 def test_float32_logits_any_rank():
@@ -33,7 +33,7 @@ def test_float32_logits_gradients_are_the_16bit_products(dtype):
     d_x, d_kernel = grads(x, kernel)
     g = np64(tf.cast(upstream, dtype))  # the upstream gradient enters the 16-bit matmuls rounded
     assert d_x.dtype == dtype and d_kernel.dtype == dtype
-    ulp = 2.0 ** -8 if dtype == tf.bfloat16 else 2.0 ** -11  # one rounding of each 16-bit result
+    ulp = matmul_roundoff(dtype)  # one rounding of each 16-bit result by the matmul kernel
     ref_x, ref_k = g @ np64(kernel).T, np.einsum("btk,btu->ku", np64(x), g)
     for got, ref in ((d_x, ref_x), (d_kernel, ref_k)):  # float32 sums of exact products, rounded once
         np.testing.assert_allclose(np64(got), ref, rtol=ulp, atol=ulp * 2.0 ** -4 * np.abs(ref).max())

@@ -10,6 +10,7 @@ from keras_amp import hardware
 from keras_amp.diagnostics import audit
 from keras_amp.custom_gradient import custom_gradient
 from keras_amp.op_rules import bias_add
+from tests.helpers import as_matmul_result, matmul_roundoff
 
 pytestmark = pytest.mark.usefixtures("no_op_rules")
 
@@ -138,27 +139,30 @@ def test_projection_adds_the_bias_beside_a_2d_matmul_one_rounding_where_fused(na
     make, shape, equation = PROJECTIONS[name]
     layer, x, upstream, stock, ours = _stock_and_ours(make, shape, graph, 3, bias=True, kernel=True)
     # float64 references from the bfloat16 operands; the unfused path's bounds: a matmul's float32
-    # accumulation, then two roundings (the matmul's result, the sum with the bias; unit roundoff 2^-8).
+    # accumulation, then two roundings (the matmul kernel's result: unit roundoff 2^-8, or a whole ulp
+    # where the kernel truncates; the sum with the bias: 2^-8).
+    eps = matmul_roundoff("bfloat16")
     as64 = lambda t: np.asarray(tf.cast(tf.cast(t, tf.bfloat16), tf.float64))  # noqa: E731
     lhs, out = equation.split("->")
     lhs, kernel = lhs.split(",")
     terms = np.prod([shape[lhs.index(c)] for c in set(lhs) & set(kernel)])
     xw = np.einsum(equation, as64(x), as64(layer.kernel))
     ref = xw + as64(layer.bias)
-    bound = 2.0**-8 * (1.01 * np.abs(xw) + np.abs(ref)) + terms * 2.0**-24 * np.einsum(
+    bound = eps * 1.01 * np.abs(xw) + 2.0**-8 * np.abs(ref) + terms * 2.0**-24 * np.einsum(
         equation, np.abs(as64(x)), np.abs(as64(layer.kernel)))
     assert np.all(np.abs(ours[0] - ref) <= bound), np.max(np.abs(ours[0] - ref) / bound)
     if not graph:  # eager: no graph to rebuild the matmul in; the kernel's gradient is stock's
         np.testing.assert_array_equal(ours[3], stock[3])
         return
-    # The kernel's gradient: one matmul over every row, float32 accumulation, one rounding.
+    # The kernel's gradient: one matmul over every row, float32 accumulation, the kernel's one rounding.
     dy = as64(upstream)
     kernel_ref = np.einsum(f"{lhs},{out}->{kernel}", as64(x), dy)
     rows = np.prod(shape) // terms
-    kernel_bound = 2.0**-8 * np.abs(kernel_ref) + rows * 2.0**-24 * np.einsum(
+    kernel_bound = eps * np.abs(kernel_ref) + rows * 2.0**-24 * np.einsum(
         f"{lhs},{out}->{kernel}", np.abs(as64(x)), np.abs(dy))
     assert np.all(np.abs(ours[3] - kernel_ref) <= kernel_bound), np.max(np.abs(ours[3] - kernel_ref) / kernel_bound)
-    assert np.mean(ours[3] == as64(kernel_ref)) > 0.99, np.mean(ours[3] == as64(kernel_ref))
+    once = as_matmul_result(kernel_ref, "bfloat16")
+    assert np.mean(ours[3] == once) > 0.99, np.mean(ours[3] == once)
     if name.startswith("einsum"):  # stock: a batched matmul by the broadcast kernel, summed from rounded parts
         assert np.any(np.abs(stock[3] - kernel_ref) > kernel_bound)
     graph_def = tf.function(lambda x: layer(x)).get_concrete_function(x).graph

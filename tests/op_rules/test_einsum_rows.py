@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from keras_amp import op_rules
 from keras_amp.op_rules import einsum_rows
-from tests.helpers import live_ops
+from tests.helpers import as_matmul_result, live_ops, matmul_roundoff
 
 pytestmark = pytest.mark.usefixtures("no_op_rules")
 
@@ -64,7 +64,7 @@ def test_weight_einsum_is_one_matmul_of_rows_its_kernel_gradient_rounded_once(eq
     (y, dw), types = _einsum_and_weight_gradient(equation, x, w, upstream, graph=True)
     assert "BatchMatMulV2" in stock_types and "BatchMatMulV2" not in types, (stock_types, types)
     lhs, kernel = equation.split("->")[0].split(",")
-    eps = 2.0**-8 if dtype == "bfloat16" else 2.0**-11
+    eps = matmul_roundoff(dtype)  # one rounding by the matmul kernel (a whole ulp where it truncates)
     # The result: float32-accumulated dot products, rounded once, as stock's.
     ref = np.einsum(equation, _as64(x), _as64(w))
     terms = np.prod([x_shape[lhs.index(c)] for c in set(lhs) & set(kernel)])
@@ -77,7 +77,7 @@ def test_weight_einsum_is_one_matmul_of_rows_its_kernel_gradient_rounded_once(eq
     dw_bound = eps * np.abs(dw_ref) + rows * 2.0**-24 * np.einsum(
         f"{lhs},{out}->{kernel}", np.abs(_as64(x)), np.abs(dy))
     assert np.all(np.abs(dw - dw_ref) <= dw_bound), np.max(np.abs(dw - dw_ref) / dw_bound)
-    once = _as64(tf.cast(dw_ref, dtype))
+    once = as_matmul_result(dw_ref, dtype)
     assert np.mean(dw == once) > 0.99, np.mean(dw == once)
     assert np.mean(stock_dw == once) < 0.9, np.mean(stock_dw == once)  # guard: stock rounds each example's part
 
