@@ -48,6 +48,7 @@ OP_LEAN = "op rules (16-bit tensors kept for the backward pass)"
 OP_DROPOUT = "op rules (16-bit dropout masks from half the random words)"
 OP_GELU_FUSION = "op rules (a bfloat16 gelu fused into its matmul for inference)"
 OP_LAYER_NORM_FUSION = "op rules (layer normalisation's forward pass as oneDNN's fused kernel)"
+OP_CONV = "op rules (16-bit convolutions' gradients from float32 kernels on CPUs without 16-bit ones)"
 ATTENTION_LAYER = "keras_amp.layers.MultiHeadAttention"
 RECURRENT_LAYERS = "keras_amp.layers.LSTM / GRU"
 FLOAT32_LAYERS = "keras_amp float32-island layers"
@@ -96,7 +97,7 @@ PINS: tuple[Pin, ...] = (
     Pin("keras.src.optimizers.base_optimizer.BaseOptimizer.build", "e9d310fddad51ed1", (LSO, MEMORY,)),
     Pin("keras.src.optimizers.base_optimizer.BaseOptimizer._overwrite_variable_with_gradient", "f6fba7ddf9a6a95e", (LSO,)),
     Pin("keras.src.utils.tracking.no_automatic_dependency_tracking", "b69f1af066ac13e0", (LSO,)),
-    Pin("tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext", "144a23c08793ec3d", (LSO, OP_LAYER_NORM_FUSION)),
+    Pin("tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext", "144a23c08793ec3d", (LSO, OP_LAYER_NORM_FUSION, OP_CONV)),
     Pin("tensorflow.python.distribute.merge_call_interim.strategy_supports_no_merge_call", "2eac4f168b29d6a3", (LSO,)),
     Pin("keras.src.backend.tensorflow.trainer.TensorFlowTrainer._maybe_symbolic_build", "92a504f5eba9b29f", (FIT_FIX,)),
     Pin("keras.src.backend.tensorflow.trainer.reduce_per_replica", "2e7d54b1e6edc29a", (FIT_FIX,)),
@@ -114,6 +115,7 @@ PINS: tuple[Pin, ...] = (
     Pin("keras.src.backend.tensorflow.numpy.arange", "9c656b29403a9806", (OP_RULES,)),
     Pin("keras.src.backend.tensorflow.nn.gelu", "edb8d0940a01c8d5", (OP_LEAN,)),
     Pin("keras.src.backend.tensorflow.nn.silu", "5c8ba702568877a6", (OP_LEAN,)),
+    Pin("keras.src.backend.tensorflow.nn.conv", "1bae7c0469d44106", (OP_CONV,)),
     # The silu rule repeats this function's arithmetic op for op.
     Pin("tensorflow.python.ops.nn_impl.swish", "cee3bd2cc8d60dde", (OP_LEAN,)),
     Pin("keras.src.backend.tensorflow.random.dropout", "47a159de0b6729e2", (OP_DROPOUT,)),

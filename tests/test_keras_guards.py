@@ -68,8 +68,8 @@ def test_every_op_rule_target_and_fit_fix_function_is_pinned():
     for rule in op_rules.RULES:
         for name in rule.targets + tuple(n for t in rule.targets for n in op_rules.table.RELIED_ON.get(t, ())):
             assert name in _compat.PIN_BY_NAME, (rule.op, name)
-            assert {_compat.OP_RULES, _compat.OP_ATTENTION, _compat.OP_LEAN, _compat.OP_MATMUL, _compat.OP_DROPOUT} & set(
-                _compat.PIN_BY_NAME[name].features), name
+            assert {_compat.OP_RULES, _compat.OP_ATTENTION, _compat.OP_LEAN, _compat.OP_MATMUL, _compat.OP_DROPOUT,
+                    _compat.OP_CONV} & set(_compat.PIN_BY_NAME[name].features), name
     for name in trainer_fix.PINNED:
         assert _compat.FIT_FIX in _compat.PIN_BY_NAME[name].features, name
 

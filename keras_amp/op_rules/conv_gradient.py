@@ -1,0 +1,83 @@
+"""The convolution-gradient rule: a 16-bit convolution's gradients from float32 kernels where the CPU
+has no 16-bit convolution kernels of its own.
+
+Without oneDNN's native bfloat16 (TensorFlow's default on AVX2-only CPUs such as AMD Zen 3, or oneDNN
+off), TensorFlow's bfloat16 and float16 convolutions are Eigen's. Their forward kernel is as fast as
+float32's, but the two backward kernels (`Conv2DBackpropInput`, `Conv2DBackpropFilter`) take many
+times float32's time (BUILD_NOTES, "On a 2-core AMD Zen 3 itself"): in stock
+mixed_bfloat16 they are most of a convolutional network's training step.
+
+The rule keeps Keras's forward convolution (the same op, the same numbers) and computes both gradients
+with TensorFlow's float32 kernels from exact float32 upcasts of the 16-bit input, kernel and incoming
+gradient: float32 accumulation, each gradient rounded once to its 16-bit dtype. Keras's convolution
+(`backend.nn.conv`: Conv1D, Conv2D, Conv3D, grouped or not) is differentiated in float32 as written,
+so strides, padding, dilation, data format and the XLA path for grouped convolutions stay Keras's.
+
+Left to Keras: a GPU or TPU, a CPU whose oneDNN runs bfloat16 natively (for bfloat16; its float16
+convolutions are Eigen's too), a step compiled with XLA (`jit_compile=True`: XLA's own kernels), and
+operands of two dtypes (Keras's error, as without keras_amp).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import tensorflow as tf
+
+from keras_amp import _compat, hardware
+from keras_amp.custom_gradient import custom_gradient
+from keras_amp.op_rules.table import XLA_CONTEXT
+
+_in_xla_context = _compat.original(XLA_CONTEXT)  # the rule is installed only where it is found (table.RELIED_ON)
+
+
+def emulated_on(device: hardware.DeviceInfo, dtype: str) -> bool:
+    """Whether `device` runs `dtype` ("bfloat16" or "float16") convolutions with Eigen's kernels: a CPU
+    alone, without oneDNN's native bfloat16 for bfloat16."""
+    if device.gpus or device.tpu_count:
+        return False
+    return dtype == "float16" or not device.cpu_fast_bfloat16
+
+
+@functools.lru_cache(maxsize=None)
+def emulated(dtype: str) -> bool:
+    """`emulated_on` this machine's devices, observed once per dtype."""
+    return emulated_on(hardware.detect(), dtype)
+
+
+def _dtype(x: Any) -> str | None:
+    if isinstance(x, (tf.SparseTensor, tf.IndexedSlices, tf.RaggedTensor)):
+        return None
+    dtype = getattr(x, "dtype", None)  # a Keras variable reports its autocast dtype (a string)
+    return getattr(dtype, "name", dtype)
+
+
+def float32_conv_gradients(original: Callable) -> Callable:
+    """Replaces the TF backend's `conv` (module doc); every other convolution is the original."""
+
+    def conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation_rate=1):
+        dtype = _dtype(inputs)
+        if (dtype not in ("bfloat16", "float16") or _dtype(kernel) != dtype or not emulated(dtype)
+                or (not tf.executing_eagerly() and _in_xla_context(tf.compat.v1.get_default_graph()))):
+            return original(inputs, kernel, strides, padding, data_format, dilation_rate)
+
+        def convolve(x, k):
+            return original(x, k, strides, padding, data_format, dilation_rate)
+
+        @custom_gradient(transparent=True)  # the gradient of the same convolution, from float32 kernels
+        def conv16(x, k):
+            def grad(dy):
+                x32, k32 = tf.cast(x, tf.float32), tf.cast(k, tf.float32)
+                with tf.GradientTape() as tape:
+                    tape.watch([x32, k32])
+                    y32 = convolve(x32, k32)  # in a graph, only its gradient ops run: the rest is pruned
+                dx, dk = tape.gradient(y32, [x32, k32], output_gradients=tf.cast(dy, tf.float32))
+                return tf.cast(dx, x.dtype), tf.cast(dk, k.dtype)
+
+            return convolve(x, k), grad
+
+        return conv16(tf.convert_to_tensor(inputs), tf.convert_to_tensor(kernel))
+
+    conv.__name__ = conv.__qualname__ = original.__name__
+    return conv

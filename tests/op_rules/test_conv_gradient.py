@@ -1,0 +1,158 @@
+"""The convolution-gradient rule: 16-bit convolutions differentiated with float32 kernels, rounded once,
+where the CPU has no 16-bit convolution kernels (Eigen's); Keras's convolution everywhere else."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_amp
+from keras_amp import hardware, op_rules
+from keras_amp.op_rules import conv_gradient
+from tests.helpers import UNIT_ROUNDOFF, ZEN4, gpus, np64
+
+# (layer, input shape): strides, dilation, 1-D and 3-D, grouped (Keras's XLA path). Not channels first:
+# TensorFlow's CPU kernels do not train it in any dtype.
+LAYERS = {
+    "conv2d_strided": (lambda p: keras.layers.Conv2D(16, 3, strides=2, padding="same", dtype=p), (8, 17, 17, 12)),
+    "conv2d_dilated": (lambda p: keras.layers.Conv2D(8, 3, dilation_rate=2, dtype=p), (4, 16, 16, 16)),
+    "conv1d": (lambda p: keras.layers.Conv1D(16, 5, strides=2, padding="same", dtype=p), (8, 40, 24)),
+    "conv3d": (lambda p: keras.layers.Conv3D(8, 3, dtype=p), (2, 8, 8, 8, 8)),
+    "conv2d_grouped": (lambda p: keras.layers.Conv2D(16, 3, groups=4, dtype=p), (4, 12, 12, 16)),
+}
+
+
+@pytest.fixture
+def rule_on(monkeypatch):
+    """The rule installed and taken, as on a CPU without 16-bit convolution kernels (any machine)."""
+    monkeypatch.setattr(conv_gradient, "emulated", lambda dtype: True)
+
+
+def _gradients(layer, x, upstream, jit_compile=False):
+    @tf.function(jit_compile=jit_compile)
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x)
+        return (y, *tape.gradient(y, [x, layer.kernel], output_gradients=tf.cast(upstream, y.dtype)))
+
+    return [np64(t) for t in step(x)], step.get_concrete_function(x).graph
+
+
+def _reference(layer, x, upstream, dtype):
+    """float64 gradients of the float64 convolution of the 16-bit operands (Keras's conv in float64)."""
+    x64, k64 = tf.constant(np64(x)), tf.constant(np64(tf.cast(layer.kernel, dtype)))
+    with tf.GradientTape() as tape:
+        tape.watch([x64, k64])
+        y = layer.convolution_op(x64, k64)
+    dy = tf.constant(np64(tf.cast(upstream, dtype)))  # the upstream gradient enters in 16 bits
+    dx, dk = tape.gradient(y, [x64, k64], output_gradients=dy)
+    sums = tape_abs(layer, x64, k64, dy)
+    return np.asarray(dx), np.asarray(dk), sums
+
+
+def tape_abs(layer, x64, k64, dy):
+    """The same gradients of |x|, |k|, |dy|: what bounds the float32 accumulation error."""
+    ax, ak = tf.abs(x64), tf.abs(k64)
+    with tf.GradientTape() as tape:
+        tape.watch([ax, ak])
+        y = layer.convolution_op(ax, ak)
+    return [np.asarray(g) for g in tape.gradient(y, [ax, ak], output_gradients=tf.abs(dy))]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", LAYERS)
+def test_gradients_are_float32_sums_rounded_once_forward_is_kerass(name, dtype, rule_on):
+    make, shape = LAYERS[name]
+    rng = np.random.default_rng(0)
+    keras.utils.set_random_seed(0)
+    layer = make(f"mixed_{dtype}")
+    layer.build(shape)
+    layer.kernel.assign(rng.standard_normal(layer.kernel.shape) * 0.2)
+    x = tf.cast(rng.standard_normal(shape), dtype)
+    upstream = tf.constant(rng.standard_normal(layer.compute_output_shape(shape)), tf.float32)
+    stock, stock_graph = _gradients(layer, x, upstream)
+    op_rules.install(dtype)
+    ours, graph = _gradients(layer, x, upstream)
+    np.testing.assert_array_equal(ours[0], stock[0])  # the forward convolution is Keras's
+    backprops = {op.type: op.outputs[0].dtype.name for op in graph.get_operations() if "Backprop" in op.type}
+    if name != "conv2d_grouped":  # (grouped: Keras's XLA computation, its ops inside)
+        assert backprops and set(backprops.values()) == {"float32"}, backprops
+    dx_ref, dk_ref, (dx_abs, dk_abs) = _reference(layer, x, upstream, dtype)
+    u = UNIT_ROUNDOFF[dtype]
+    for got, ref, size in ((ours[1], dx_ref, dx_abs), (ours[2], dk_ref, dk_abs)):
+        terms = 2.0**-24 * np.prod(layer.kernel.shape) * size  # float32 accumulation, a generous count
+        assert np.all(np.abs(got - ref) <= u * np.abs(ref) + terms), np.max(np.abs(got - ref) - u * np.abs(ref))
+        once = np64(tf.cast(tf.constant(ref), dtype))
+        assert np.mean(got == once) > 0.99, np.mean(got == once)
+
+
+def test_stock_eigen_kernels_are_far_off_where_the_rule_is_taken():
+    if not conv_gradient.emulated_on(hardware.detect(), "bfloat16"):
+        pytest.skip("this CPU runs bfloat16 convolutions natively (oneDNN): stock's kernels are not Eigen's")
+    make, shape = LAYERS["conv2d_strided"]
+    rng = np.random.default_rng(1)
+    layer = make("mixed_bfloat16")
+    layer.build(shape)
+    x = tf.cast(rng.standard_normal(shape), tf.bfloat16)
+    upstream = tf.constant(rng.standard_normal(layer.compute_output_shape(shape)), tf.float32)
+    stock, _ = _gradients(layer, x, upstream)
+    op_rules.install("bfloat16")
+    ours, _ = _gradients(layer, x, upstream)
+    dx_ref, dk_ref, _ = _reference(layer, x, upstream, "bfloat16")
+    for s, o, ref in ((stock[1], ours[1], dx_ref), (stock[2], ours[2], dk_ref)):
+        once = np64(tf.cast(tf.constant(ref), tf.bfloat16))
+        assert np.mean(o == once) > 0.99 and np.mean(s == once) < 0.9, (np.mean(o == once), np.mean(s == once))
+
+
+def test_left_to_keras_with_16bit_kernels_under_xla_and_for_two_dtypes(monkeypatch):
+    cpu = dict(cpu_model="AMD EPYC", onednn_enabled=True)
+    assert conv_gradient.emulated_on(hardware.DeviceInfo(cpu_flags={"avx2"}, **cpu), "bfloat16")
+    assert conv_gradient.emulated_on(hardware.DeviceInfo(cpu_flags={"avx512_bf16"}, onednn_enabled=False), "bfloat16")
+    assert not conv_gradient.emulated_on(ZEN4, "bfloat16") and conv_gradient.emulated_on(ZEN4, "float16")
+    assert not any(conv_gradient.emulated_on(gpus((8, 0)), d) for d in ("bfloat16", "float16"))
+    assert not conv_gradient.emulated_on(hardware.DeviceInfo(tpu_count=8), "bfloat16")
+    assert conv_gradient.emulated("bfloat16") == conv_gradient.emulated_on(hardware.detect(), "bfloat16")
+
+    make, shape = LAYERS["conv2d_strided"]
+    layer = make("mixed_bfloat16")
+    layer.build(shape)
+    x = tf.cast(tf.random.stateless_normal(shape, (1, 2)), tf.bfloat16)
+    upstream = tf.ones(layer.compute_output_shape(shape))
+    op_rules.install("bfloat16")
+
+    def backprop_dtypes(graph):
+        return {op.outputs[0].dtype.name for op in graph.get_operations() if "Conv2DBackprop" in op.type}
+
+    monkeypatch.setattr(conv_gradient, "emulated", lambda dtype: False)  # a CPU with native bfloat16, a GPU
+    assert backprop_dtypes(_gradients(layer, x, upstream)[1]) == {"bfloat16"}
+    monkeypatch.setattr(conv_gradient, "emulated", lambda dtype: True)
+    assert backprop_dtypes(_gradients(layer, x, upstream)[1]) == {"float32"}  # guard: taken here
+    xla = _gradients(layer, x, upstream, jit_compile=True)[1]  # XLA: its own kernels
+    assert backprop_dtypes(xla) == {"bfloat16"}
+    with pytest.raises(tf.errors.InvalidArgumentError):  # two dtypes: Keras's error, as without keras_amp
+        keras.ops.conv(tf.cast(x, tf.float32), tf.cast(layer.kernel, tf.bfloat16), 2, "same")
+
+
+def test_eager_gradients_are_the_graphs_and_a_cnn_fits(rule_on):
+    keras_amp.enable("mixed_bfloat16")
+    rng = np.random.default_rng(2)
+    model = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Conv2D(8, 3, activation="relu"),
+                              keras.layers.Conv2D(8, 3, strides=2), keras.layers.GlobalAveragePooling2D(),
+                              keras.layers.Dense(4)])
+    x = rng.standard_normal((32, 16, 16, 3)).astype("float32")
+    y = rng.integers(0, 4, 32)
+
+    def grads():
+        with tf.GradientTape() as tape:
+            loss = keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True)
+        return tape.gradient(loss, model.trainable_variables)
+
+    eager = [np64(g) for g in grads()]
+    graph = [np64(g) for g in tf.function(grads)()]
+    for a, b in zip(eager, graph, strict=True):
+        np.testing.assert_array_equal(a, b)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(True))
+    before = model.evaluate(x, y, verbose=0)
+    model.fit(x, y, epochs=5, batch_size=32, verbose=0)
+    assert model.evaluate(x, y, verbose=0) < before  # it learns
