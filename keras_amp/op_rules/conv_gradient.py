@@ -14,7 +14,8 @@ gradient: float32 accumulation, each gradient rounded once to its 16-bit dtype. 
 so strides, padding, dilation, data format and the XLA path for grouped convolutions stay Keras's.
 
 Left to Keras: a GPU or TPU, a CPU whose oneDNN runs bfloat16 natively (for bfloat16; its float16
-convolutions are Eigen's too), a step compiled with XLA (`jit_compile=True`: XLA's own kernels), and
+convolutions are Eigen's too, unless the CPU has float16 instructions, where oneDNN may run them and
+nothing was measured), a step compiled with XLA (`jit_compile=True`: XLA's own kernels), and
 operands of two dtypes (Keras's error, as without keras_amp).
 """
 
@@ -34,10 +35,12 @@ _in_xla_context = _compat.original(XLA_CONTEXT)  # the rule is installed only wh
 
 def emulated_on(device: hardware.DeviceInfo, dtype: str) -> bool:
     """Whether `device` runs `dtype` ("bfloat16" or "float16") convolutions with Eigen's kernels: a CPU
-    alone, without oneDNN's native bfloat16 for bfloat16."""
+    alone, without oneDNN's native bfloat16 for bfloat16, without float16 instructions for float16."""
     if device.gpus or device.tpu_count:
         return False
-    return dtype == "float16" or not device.cpu_fast_bfloat16
+    if dtype == "float16":
+        return not any(flag in device.cpu_flags for flag in hardware.FP16_CPU_FLAGS)
+    return not device.cpu_fast_bfloat16
 
 
 @functools.lru_cache(maxsize=None)

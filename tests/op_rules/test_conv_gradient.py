@@ -110,6 +110,8 @@ def test_left_to_keras_with_16bit_kernels_under_xla_and_for_two_dtypes(monkeypat
     assert conv_gradient.emulated_on(hardware.DeviceInfo(cpu_flags={"avx2"}, **cpu), "bfloat16")
     assert conv_gradient.emulated_on(hardware.DeviceInfo(cpu_flags={"avx512_bf16"}, onednn_enabled=False), "bfloat16")
     assert not conv_gradient.emulated_on(ZEN4, "bfloat16") and conv_gradient.emulated_on(ZEN4, "float16")
+    xeon = hardware.DeviceInfo(cpu_flags={"amx_bf16", "avx512_fp16"}, **cpu)  # float16 not measured there: Keras's
+    assert not conv_gradient.emulated_on(xeon, "bfloat16") and not conv_gradient.emulated_on(xeon, "float16")
     assert not any(conv_gradient.emulated_on(gpus((8, 0)), d) for d in ("bfloat16", "float16"))
     assert not conv_gradient.emulated_on(hardware.DeviceInfo(tpu_count=8), "bfloat16")
     assert conv_gradient.emulated("bfloat16") == conv_gradient.emulated_on(hardware.detect(), "bfloat16")
@@ -134,6 +136,7 @@ def test_left_to_keras_with_16bit_kernels_under_xla_and_for_two_dtypes(monkeypat
         keras.ops.conv(tf.cast(x, tf.float32), tf.cast(layer.kernel, tf.bfloat16), 2, "same")
 
 
+@pytest.mark.filterwarnings("ignore:mixed_.* requested:keras_amp.AmpWarning")  # a CPU without bfloat16
 def test_eager_gradients_are_the_graphs_and_a_cnn_fits(rule_on):
     keras_amp.enable("mixed_bfloat16")
     rng = np.random.default_rng(2)
