@@ -5,8 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.keras-amp-installed
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist): the suite is mostly single-threaded tracing, so two processes on
-# two cores take half the time; at most 4 (each TensorFlow process holds ~1-2 GB). Modules go out whole
-# (`--dist loadscope`), the longest first (tests/conftest.py: LONGEST_FIRST; `--no-loadscope-reorder`).
+# two cores take half the time; at most 4 (each TensorFlow process holds ~1-2 GB).
 PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 QUICK ?=
 BENCH_ARGS ?=
@@ -22,7 +21,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) examples/demo.py

@@ -16,38 +16,6 @@ from keras_amp import policy as amp_policy  # noqa: E402
 from keras_amp.distribute import trainer_fix  # noqa: E402
 
 
-# The modules that take longest, longest first (`make test --durations`, 2-core Zen 3). `make test` runs
-# modules whole in two processes (`--dist loadscope`) and, with `--no-loadscope-reorder`, hands them out in
-# this order: the long ones start first and the many short ones fill in behind them, so both processes end
-# together. (xdist's own order, most tests first, started these last, and one process ran them alone.)
-LONGEST_FIRST = (
-    "corpus/test_census_applications.py",
-    "test_examples.py",
-    "test_examples_resume.py",
-    "test_bench_smoke.py",
-    "corpus/test_corpus.py",
-    "corpus/test_census_vision.py",
-    "distribute/test_distribute_multi_worker.py",
-    "corpus/test_census_text_b.py",
-    "corpus/test_census_text_a.py",
-    "op_rules/test_dataflow_keras_hub.py",
-    "test_multi_worker_example.py",
-    "test_quickstart.py",
-    "distribute/test_distribute_fault_tolerance.py",
-    "distribute/test_distribute_mirrored.py",
-)
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    tests = os.path.dirname(os.path.abspath(__file__))
-
-    def module_rank(item):
-        return rank.get(os.path.relpath(str(item.path), tests).replace(os.sep, "/"), len(rank))
-
-    items.sort(key=module_rank)  # stable: the rest keep pytest's order
-
-
 @pytest.fixture(autouse=True)
 def restore_globals():
     saved_policy = keras.config.dtype_policy()

@@ -171,17 +171,3 @@ def test_every_module_has_a_mirrored_test_file():
     missing = [f"{p.relative_to(ROOT.parent)} -> {mirrored_test(p).relative_to(ROOT.parent)}"
                for p in modules if not mirrored_test(p).is_file()]
     assert not missing, "Modules without their mirrored test file:\n" + "\n".join(missing)
-
-
-def test_the_longest_first_modules_exist_and_go_out_first(request):
-    from tests.conftest import LONGEST_FIRST  # noqa: PLC0415
-
-    tests = ROOT.parent / "tests"
-    assert not [name for name in LONGEST_FIRST if not (tests / name).is_file()], LONGEST_FIRST
-    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
-    # In the session's order, the listed modules come first, in the listed order.
-    order = list(dict.fromkeys(str(item.path.relative_to(tests)) for item in request.session.items))
-    listed = [name for name in order if name in LONGEST_FIRST]
-    if len(listed) == len(order):  # a run of the listed modules alone: nothing to compare
-        return
-    assert order[:len(listed)] == listed == [n for n in LONGEST_FIRST if n in listed], order[:len(LONGEST_FIRST) + 1]

@@ -71,7 +71,8 @@ def float32_conv_gradients(original: Callable) -> Callable:
         @custom_gradient(transparent=True)  # the gradient of the same convolution, from float32 kernels
         def conv16(x, k):
             def grad(dy):
-                x32, k32 = tf.cast(x, tf.float32), tf.cast(k, tf.float32)
+                with tf.control_dependencies([dy]):  # upcast in the backward pass: no float32 copy kept
+                    x32, k32 = tf.cast(x, tf.float32), tf.cast(k, tf.float32)
                 with tf.GradientTape() as tape:
                     tape.watch([x32, k32])
                     y32 = convolve(x32, k32)  # in a graph, only its gradient ops run: the rest is pruned
