@@ -152,7 +152,7 @@ def trace(model: keras.Model, x: Any, *, training: bool = False, backward: bool 
     if not model.built:
         # Sublayers a layer creates in build() (MultiHeadAttention's projections) must exist
         # before attribution wraps them; tracing builds the model without running the batch.
-        tf.function(lambda i: _call(model, i, training)).get_concrete_function(inputs)
+        tf.function(lambda i: _call(model, i, training), autograph=False).get_concrete_function(inputs)
         tree = None  # read before the build: without those sublayers
     recorded = attribution.Trace()
 
@@ -175,7 +175,7 @@ def trace(model: keras.Model, x: Any, *, training: bool = False, backward: bool 
         return result
 
     with attribution.attributing(model, recorded, tree=tree):
-        concrete = tf.function(step).get_concrete_function(inputs)
+        concrete = tf.function(step, autograph=False).get_concrete_function(inputs)
     concrete(inputs)  # the function traced under attribution (calling the tf.function could retrace)
     return recorded
 

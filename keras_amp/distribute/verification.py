@@ -91,7 +91,7 @@ def _gather_function(strategy: tf.distribute.Strategy, options):
             return owner().run(gather, args=(value,))
 
         # Traced once per array length (not `reduce_retracing`: a collective needs static shapes).
-        gathers[options.timeout_seconds] = tf.function(run)
+        gathers[options.timeout_seconds] = tf.function(run, autograph=False)
     return gathers[options.timeout_seconds]
 
 

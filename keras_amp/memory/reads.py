@@ -73,7 +73,7 @@ def reads_16bit(model, variables, dtypes) -> dict[int, bool] | None:
     spec = _signature(model)
     if spec is None:
         return None
-    graph = tf.function(lambda args: model(args, training=False)).get_concrete_function(spec).graph
+    graph = tf.function(lambda args: model(args, training=False), autograph=False).get_concrete_function(spec).graph
     placeholder = {id(internal): external for external, internal in graph.captures}
     wanted = {id(handle): (v, d) for v, d in zip(variables, dtypes) if d in LOW_PRECISION
               for handle in _handles(v._value)}

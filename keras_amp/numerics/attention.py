@@ -73,7 +73,7 @@ def _gradient_matmuls(d_key_eq, d_query_eq, g, key, query):
     return ops.einsum(d_key_eq, g, query), ops.einsum(d_query_eq, g, key)
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _scores_float32_out(equation, key, query, scale):
     """`einsum(equation, key, query) * scale` of 16-bit operands, float32 accumulation and result.
 
@@ -162,7 +162,7 @@ def _masked_softmax(scores, mask, num_axes):
     return probs
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _probabilities_compiled(equation, key, query, scale, mask, num_axes, dtype):
     """`_masked_softmax(einsum(equation, key, query) * scale)` in float32, returned in `dtype`.
 
@@ -173,7 +173,7 @@ def _probabilities_compiled(equation, key, query, scale, mask, num_axes, dtype):
     return tf.cast(_masked_softmax(scores, mask, num_axes), dtype)
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _scores_gradient_compiled(probs, upstream, scale, axes):
     """d(scaled scores) from the 16-bit probabilities: p * (g - sum(g * p)) * scale in float32,
     rounded to the probabilities' dtype for the two gradient matmuls (one fused XLA kernel)."""

@@ -28,7 +28,7 @@ from keras_amp.custom_gradient import custom_gradient
 _FORWARD_CALLS: set[str] = set()
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _forward(logits16: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     x = tf.cast(logits16, tf.float32)
     top = tf.reduce_max(x, axis=-1, keepdims=True)
@@ -36,7 +36,7 @@ def _forward(logits16: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tens
     return lse - tf.gather(x, labels, axis=1, batch_dims=1), lse
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _backward(logits16: tf.Tensor, labels: tf.Tensor, lse: tf.Tensor, d_loss: tf.Tensor) -> tf.Tensor:
     x = tf.cast(logits16, tf.float32)
     onehot = tf.one_hot(labels, tf.shape(x)[-1], dtype=tf.float32)

@@ -39,11 +39,11 @@ def compiled(gelu: Callable) -> tuple[Callable, Callable]:
     `dy`'s dtype. `approximate` is a Python bool and `dtype` a `tf.DType` (each value its own trace).
     """
 
-    @tf.function(jit_compile=True)
+    @tf.function(jit_compile=True, autograph=False)
     def forward(x16: tf.Tensor, approximate: bool, dtype: tf.DType) -> tf.Tensor:
         return tf.cast(gelu(tf.cast(x16, tf.float32), approximate=approximate), dtype)
 
-    @tf.function(jit_compile=True)
+    @tf.function(jit_compile=True, autograph=False)
     def backward(x16: tf.Tensor, dy: tf.Tensor, approximate: bool) -> tf.Tensor:
         slope = derivative(tf.cast(x16, tf.float32), approximate)
         return tf.cast(tf.cast(dy, tf.float32) * slope, dy.dtype)

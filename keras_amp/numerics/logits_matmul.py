@@ -17,7 +17,7 @@ from keras import ops
 from keras_amp.custom_gradient import custom_gradient
 
 
-@tf.function(jit_compile=True, reduce_retracing=True)
+@tf.function(jit_compile=True, reduce_retracing=True, autograph=False)
 def _matmul_float32_out(a, b):
     """a @ b for 16-bit a, b: float32 accumulation and result (XLA, CPU and GPU)."""
     return tf.linalg.matmul(a, b, output_type=tf.float32)

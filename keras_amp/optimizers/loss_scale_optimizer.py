@@ -224,6 +224,9 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         "total_steps", "_iterations",
         "Variable: every `apply` call, applied or skipped (`iterations + overflow_count`).")
 
+    # Not converted by AutoGraph when a user's tf.function calls them: Keras's own optimizer code is not
+    # (AutoGraph leaves the `keras` package alone), and ours runs as written, as under `fit`.
+    @tf.autograph.experimental.do_not_convert
     def scale_loss(self, loss):
         if not self.built and self._deferred_state is not None:
             # `load_weights` before build: the loaded scale (an eager step unscales by the same value).
@@ -271,6 +274,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             "`apply()`; `stateless_apply` (JAX) is not supported. "
             f"Received: backend={keras.backend.backend()!r}. Allowed: 'tensorflow'")
 
+    @tf.autograph.experimental.do_not_convert
     def apply(self, grads, trainable_variables=None):
         if self.built or not tf.executing_eagerly():
             self._first_scale = None  # only for the eager step that builds (see `scale_loss`)

@@ -264,14 +264,11 @@ def _subclassed_gru_tagger():
     return model
 
 
-# The full-size applications run under one policy each (under both they took a third of the corpus's time):
-# the census (`census_models`) checks ResNet50, EfficientNetV2B0 and ConvNeXtTiny under both, from the
-# audit to a training step.
+# One full-size application, under one policy: ConvNeXtTiny under float16 (a CNN whose LayerScale and
+# LayerNormalization go through the .keras round trip, and fit with loss scaling). ResNet50V2 and
+# EfficientNetV2B0 left the corpus for the census, which runs the same models at the same size under both
+# policies (`census_models`: ResNet50, ResNet50V2, EfficientNetV2B0 and ConvNeXtTiny among them).
 CASES = (
-    Case("resnet50v2", "cnn", _application(keras.applications.ResNet50V2), _images, _sparse_probs,
-         ("mixed_bfloat16",)),
-    Case("efficientnetv2b0", "cnn", _application(keras.applications.EfficientNetV2B0), _images, _sparse_probs,
-         ("mixed_bfloat16",)),
     Case("convnexttiny", "cnn", _application(keras.applications.ConvNeXtTiny), _images, _sparse_probs,
          ("mixed_float16",)),
     Case("bert", "transformer", _bert, _bert_data, _sparse_logits),
