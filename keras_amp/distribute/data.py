@@ -8,6 +8,8 @@ when the source is files, otherwise by elements), and `OFF` means every worker r
 
 from __future__ import annotations
 
+from typing import Any
+
 import tensorflow as tf
 
 from keras_amp import validation
@@ -34,8 +36,17 @@ def _check_dataset(dataset) -> tf.data.Dataset:
     )
 
 
+def _batch_first(function: str, name: str, value: Any, strategy: Any) -> None:
+    """A TypeError naming the order when the strategy came first (`prepare` takes the strategy first)."""
+    if isinstance(value, tf.distribute.Strategy):
+        raise TypeError(f"`{function}({name}, strategy)` takes the batch size first. Received: {name}="
+                        f"{type(value).__name__} object, strategy={strategy!r}. Allowed: "
+                        f"{function}({name}=..., strategy=...)")
+
+
 def global_batch_size(per_replica_batch_size: int, strategy: tf.distribute.Strategy) -> int:
     """The batch size to give the dataset so that each replica computes on `per_replica_batch_size`."""
+    _batch_first("global_batch_size", "per_replica_batch_size", per_replica_batch_size, strategy)
     per_replica_batch_size = validation.check_int("per_replica_batch_size", per_replica_batch_size, min_value=1)
     return per_replica_batch_size * _check_strategy(strategy).num_replicas_in_sync
 
@@ -46,6 +57,7 @@ def per_replica_batch_size(global_batch_size: int, strategy: tf.distribute.Strat
     Raises ValueError when the global batch does not split evenly: uneven replica batches give
     replicas different gradient scales and (in float16) different overflow behaviour.
     """
+    _batch_first("per_replica_batch_size", "global_batch_size", global_batch_size, strategy)
     global_batch_size = validation.check_int("global_batch_size", global_batch_size, min_value=1)
     n = _check_strategy(strategy).num_replicas_in_sync
     if global_batch_size % n:

@@ -36,6 +36,15 @@ def test_numpy_integer_batch_sizes_are_accepted_as_python_ints():
     assert [b.numpy().tolist() for b in ds] == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
+@pytest.mark.parametrize("function, name", [("global_batch_size", "per_replica_batch_size"),
+                                            ("per_replica_batch_size", "global_batch_size")])
+def test_the_strategy_first_is_refused_naming_the_order(function, name):
+    # `prepare(dataset, strategy, per_replica_batch_size=...)` takes the strategy first; these two do not.
+    with pytest.raises(TypeError, match=rf"`{function}\({name}, strategy\)` takes the batch size first\. "
+                                        rf"Received: {name}=_Replicas object, strategy=16\."):
+        getattr(data, function)(_Replicas(2), 16)
+
+
 def test_uneven_global_batch_is_refused():
     with pytest.raises(ValueError, match="multiple of the 4 replicas.*Received: global_batch_size=10"):
         data.per_replica_batch_size(10, _Replicas(4))
