@@ -76,7 +76,8 @@ def _traced_graph(loss, shape, dtype):
     error = None
     for y_true in (np.zeros(shape[:-1], np.int32), np.zeros(shape, np.float32)):
         try:
-            return tf.function(lambda y_pred, y=y_true: loss(y, y_pred), autograph=False).get_concrete_function(spec).graph, None
+            traced = tf.function(lambda y_pred, y=y_true: loss(y, y_pred), autograph=False)
+            return traced.get_concrete_function(spec).graph, None
         except Exception as e:  # noqa: BLE001 - the other kind of target may fit; the last error is reported
             error = e
     return None, error
