@@ -116,6 +116,9 @@ PINS: tuple[Pin, ...] = (
     Pin("keras.src.backend.tensorflow.nn.gelu", "edb8d0940a01c8d5", (OP_LEAN,)),
     Pin("keras.src.backend.tensorflow.nn.silu", "5c8ba702568877a6", (OP_LEAN,)),
     Pin("keras.src.backend.tensorflow.nn.conv", "1bae7c0469d44106", (OP_CONV,)),
+    Pin("keras.src.backend.tensorflow.nn.depthwise_conv", "492c94d51f85389f", (OP_CONV,)),
+    Pin("keras.src.backend.tensorflow.nn.separable_conv", "d163319653f9a846", (OP_CONV,)),
+    Pin("keras.src.backend.tensorflow.nn.conv_transpose", "8b0f43bf39e13a57", (OP_CONV,)),
     # The silu rule repeats this function's arithmetic op for op.
     Pin("tensorflow.python.ops.nn_impl.swish", "cee3bd2cc8d60dde", (OP_LEAN,)),
     Pin("keras.src.backend.tensorflow.random.dropout", "47a159de0b6729e2", (OP_DROPOUT,)),

@@ -9,9 +9,12 @@ mixed_bfloat16 they are most of a convolutional network's training step.
 
 The rule keeps Keras's forward convolution (the same op, the same numbers) and computes both gradients
 with TensorFlow's float32 kernels from exact float32 upcasts of the 16-bit input, kernel and incoming
-gradient: float32 accumulation, each gradient rounded once to its 16-bit dtype. Keras's convolution
-(`backend.nn.conv`: Conv1D, Conv2D, Conv3D, grouped or not) is differentiated in float32 as written,
-so strides, padding, dilation, data format and the XLA path for grouped convolutions stay Keras's.
+gradient: float32 accumulation, each gradient rounded once to its 16-bit dtype. Keras's convolutions
+(`backend.nn.conv`: Conv1D, Conv2D, Conv3D, grouped or not; `depthwise_conv`: DepthwiseConv1D/2D;
+`separable_conv`: SeparableConv1D/2D; `conv_transpose`: Conv1D/2D/3DTranspose) are differentiated in
+float32 as written, so strides, padding, dilation, data format and the XLA path for grouped
+convolutions stay Keras's. (A transposed convolution's forward pass is itself an input-gradient
+kernel: it stays Keras's, in the 16-bit dtype, and only its gradients are the rule's.)
 
 Left to Keras: a GPU or TPU, a CPU whose oneDNN runs bfloat16 natively (for bfloat16; its float16
 convolutions are Eigen's too, unless the CPU has float16 instructions, where oneDNN may run them and
@@ -56,32 +59,47 @@ def _dtype(x: Any) -> str | None:
     return getattr(dtype, "name", dtype)
 
 
-def float32_conv_gradients(original: Callable) -> Callable:
-    """Replaces the TF backend's `conv` (module doc); every other convolution is the original."""
+def _float32_gradients(original: Callable, operands: int) -> Callable:
+    """`original` (a TF-backend convolution whose first `operands` positional arguments are its input and
+    kernels, as Keras's ops pass them) with the gradients of the module doc; every other call is the
+    original's."""
 
-    def conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation_rate=1):
-        dtype = _dtype(inputs)
-        if (dtype not in ("bfloat16", "float16") or _dtype(kernel) != dtype or not emulated(dtype)
+    def conv(*args, **kwargs):
+        tensors, rest = args[:operands], args[operands:]
+        dtype = _dtype(tensors[0]) if tensors else None
+        if (len(tensors) < operands or dtype not in ("bfloat16", "float16")
+                or any(_dtype(k) != dtype for k in tensors[1:]) or not emulated(dtype)
                 or (not tf.executing_eagerly() and _in_xla_context(tf.compat.v1.get_default_graph()))):
-            return original(inputs, kernel, strides, padding, data_format, dilation_rate)
+            return original(*args, **kwargs)
 
-        def convolve(x, k):
-            return original(x, k, strides, padding, data_format, dilation_rate)
+        def convolve(*operand_values):
+            return original(*operand_values, *rest, **kwargs)
 
         @custom_gradient(transparent=True)  # the gradient of the same convolution, from float32 kernels
-        def conv16(x, k):
+        def conv16(*operand_values):
             def grad(dy):
                 with tf.control_dependencies([dy]):  # upcast in the backward pass: no float32 copy kept
-                    x32, k32 = tf.cast(x, tf.float32), tf.cast(k, tf.float32)
+                    upcasts = [tf.cast(t, tf.float32) for t in operand_values]
                 with tf.GradientTape() as tape:
-                    tape.watch([x32, k32])
-                    y32 = convolve(x32, k32)  # in a graph, only its gradient ops run: the rest is pruned
-                dx, dk = tape.gradient(y32, [x32, k32], output_gradients=tf.cast(dy, tf.float32))
-                return tf.cast(dx, x.dtype), tf.cast(dk, k.dtype)
+                    tape.watch(upcasts)
+                    y32 = convolve(*upcasts)  # in a graph, only its gradient ops run: the rest is pruned
+                grads = tape.gradient(y32, upcasts, output_gradients=tf.cast(dy, tf.float32))
+                return tuple(tf.cast(g, t.dtype) for g, t in zip(grads, operand_values))
 
-            return convolve(x, k), grad
+            return convolve(*operand_values), grad
 
-        return conv16(tf.convert_to_tensor(inputs), tf.convert_to_tensor(kernel))
+        return conv16(*[tf.convert_to_tensor(t) for t in tensors])
 
     conv.__name__ = conv.__qualname__ = original.__name__
     return conv
+
+
+def float32_conv_gradients(original: Callable) -> Callable:
+    """Replaces a TF-backend convolution of an input and one kernel (`conv`, `depthwise_conv`,
+    `conv_transpose`; module doc)."""
+    return _float32_gradients(original, 2)
+
+
+def float32_separable_conv_gradients(original: Callable) -> Callable:
+    """Replaces the TF backend's `separable_conv` (an input, a depthwise and a pointwise kernel; module doc)."""
+    return _float32_gradients(original, 3)

@@ -66,13 +66,16 @@ LEAN = (
 )
 MATMUL = "keras.src.backend.tensorflow.numpy.matmul"
 XLA_CONTEXT = "tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext"
+# The TF backend's convolutions the convolution-gradient rule replaces.
+CONVOLUTIONS = tuple(f"{TF_NN}.{name}" for name in ("conv", "depthwise_conv", "separable_conv", "conv_transpose"))
 ADD = "keras.src.backend.tensorflow.numpy.add"
 EINSUM = "keras.src.backend.tensorflow.numpy.einsum"
 CAST = "keras.src.backend.tensorflow.core.cast"
 FUSED_BATCH_NORM_OP = "moments and batch_normalization of a float32 or upcast 16-bit activation (BatchNormalization)"
 ROUND_TRIP_CAST_OP = "cast of an exact float32 upcast back to its 16-bit dtype"
 BIAS_GRADIENT_OP = "bias add (Dense, EinsumDense, convolution biases: `add` of a channel vector), backward pass"
-CONV_GRADIENT_OP = "convolution (Conv1D/2D/3D) on a CPU without 16-bit convolution kernels, backward pass"
+CONV_GRADIENT_OP = ("convolution (Conv, DepthwiseConv, SeparableConv, ConvTranspose layers) on a CPU without 16-bit "
+                    "convolution kernels, backward pass")
 EINSUM_ROWS_OP = "einsum of an activation by a weight (EinsumDense's equations), graph mode"
 MATMUL16_OP = "matmul in a layer with a Matmul16DTypePolicy (the \"rnn\" recipe's recurrences)"
 UNAUTOCAST_WEIGHT_OP = "matmul of a 16-bit activation by a weight read without autocasting"
@@ -150,12 +153,13 @@ RULES: tuple[Rule, ...] = (
          "accumulates in float32; a float32 copy's sum on a GPU), rounded once. A bias after a projection's "
          "reshaped 2-D matmul (Dense on a sequence, EinsumDense under the einsum rule) is added to the matmul's "
          "rows, which oneDNN fuses (one rounding)"),
-    Rule(CONV_GRADIENT_OP, "", "float32", "input dtype", BOTH, "keras_amp", (f"{TF_NN}.conv",),
+    Rule(CONV_GRADIENT_OP, "", "float32", "input dtype", BOTH, "keras_amp", CONVOLUTIONS,
          "speed: without oneDNN's native bfloat16 (AVX2-only CPUs, oneDNN off) TensorFlow's 16-bit convolutions "
          "are Eigen's, whose two backward kernels take many times float32's time (most of a CNN's step in stock "
          "mixed_bfloat16); the rule keeps the forward convolution and computes both gradients with float32 "
-         "kernels from exact upcasts, each rounded once. Not on a GPU, TPU or a CPU with native bfloat16 (for "
-         "bfloat16), nor under XLA"),
+         "kernels from exact upcasts, each rounded once (the depthwise and separable ones too; a transposed "
+         "convolution's forward pass, itself an input-gradient kernel, stays Keras's). Not on a GPU, TPU or a CPU "
+         "with native bfloat16 (for bfloat16), nor under XLA"),
     Rule(EINSUM_ROWS_OP, "", "compute dtype", "compute dtype", BOTH, "keras_amp", (EINSUM,),
          "Keras's TF einsum writes an EinsumDense as a batched matmul by the kernel broadcast over the batch: "
          "its kernel gradient is a product per batch element, each rounded to 16 bits, then summed (57.6% "
@@ -268,7 +272,7 @@ RELIED_ON = {
     MHA_COMPUTE: (MHA_CALL,),
     DPA: (f"{TF_NN}._apply_masks",),
     MATMUL: _NAME_SCOPE_STACK,
-    f"{TF_NN}.conv": (XLA_CONTEXT,),
+    **{name: (XLA_CONTEXT,) for name in CONVOLUTIONS},
 }
 
 # What no op-level rule reaches (README "what op-level rules cannot reach").

@@ -87,6 +87,74 @@ def test_gradients_are_float32_sums_rounded_once_forward_is_kerass(name, dtype, 
         assert np.mean(got == once) > 0.99, np.mean(got == once)
 
 
+# Layers whose convolution is another backend function (depthwise_conv, separable_conv, conv_transpose); no
+# bias, so every trainable weight is a convolution operand.
+OTHER_LAYERS = {
+    "depthwise2d": (lambda p: keras.layers.DepthwiseConv2D(3, 2, "same", depth_multiplier=2, use_bias=False, dtype=p),
+                    (4, 13, 13, 8)),
+    "depthwise1d": (lambda p: keras.layers.DepthwiseConv1D(5, dilation_rate=2, use_bias=False, dtype=p), (4, 30, 8)),
+    "separable2d": (lambda p: keras.layers.SeparableConv2D(16, 3, padding="same", use_bias=False, dtype=p),
+                    (4, 12, 12, 8)),
+    "separable1d": (lambda p: keras.layers.SeparableConv1D(8, 3, strides=2, use_bias=False, dtype=p), (4, 24, 8)),
+    "transpose2d": (lambda p: keras.layers.Conv2DTranspose(8, 3, 2, "same", use_bias=False, dtype=p), (4, 8, 8, 12)),
+    "transpose1d": (lambda p: keras.layers.Conv1DTranspose(8, 4, 2, use_bias=False, dtype=p), (4, 10, 6)),
+}
+
+
+def _all_gradients(layer, x, upstream):
+    """The output and the gradients of x and of every weight, with the traced graph."""
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x)
+        return (y, *tape.gradient(y, [x, *layer.trainable_weights], output_gradients=tf.cast(upstream, y.dtype)))
+
+    return [np64(t) for t in step(x)], step.get_concrete_function(x).graph
+
+
+def _float64_gradients(make, shape, weights, x, dy):
+    """The float64 layer's gradients of x and every weight, at the given values."""
+    layer = make("float64")
+    layer.build(shape)
+    layer.set_weights(weights)
+    x = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = layer(x)
+    return [np.asarray(g) for g in tape.gradient(y, [x, *layer.trainable_weights], output_gradients=tf.constant(dy))]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", OTHER_LAYERS)
+def test_depthwise_separable_and_transposed_gradients_are_float32_sums_rounded_once(name, dtype, rule_on):
+    make, shape = OTHER_LAYERS[name]
+    rng = np.random.default_rng(3)
+    layer = make(f"mixed_{dtype}")
+    layer.build(shape)
+    for w in layer.trainable_weights:
+        w.assign(rng.standard_normal(w.shape) * 0.3)
+    x = tf.cast(rng.standard_normal(shape), dtype)
+    upstream = tf.constant(rng.standard_normal(layer.compute_output_shape(shape)), tf.float32)
+    stock, _ = _all_gradients(layer, x, upstream)
+    op_rules.install(dtype)
+    ours, graph = _all_gradients(layer, x, upstream)
+    np.testing.assert_array_equal(ours[0], stock[0])  # the forward convolution is Keras's
+    backward = {op.type: op.outputs[0].dtype.name for op in graph.get_operations()
+                if op.name.startswith("gradient_tape/") and ("Backprop" in op.type or op.type.startswith("Conv"))}
+    assert backward and set(backward.values()) == {"float32"}, backward
+    weights = [np64(tf.cast(w, dtype)) for w in layer.trainable_weights]
+    dy = np64(tf.cast(upstream, dtype))  # the upstream gradient enters in 16 bits
+    refs = _float64_gradients(make, shape, weights, np64(x), dy)
+    sizes = _float64_gradients(make, shape, [np.abs(w) for w in weights], np.abs(np64(x)), np.abs(dy))
+    terms = 2.0**-24 * sum(w.size for w in weights)  # float32 accumulation through both kernels, generously
+    u = UNIT_ROUNDOFF[dtype]
+    for got, ref, size in zip(ours[1:], refs, sizes, strict=True):
+        assert np.all(np.abs(got - ref) <= u * np.abs(ref) + terms * size), np.max(np.abs(got - ref) - u * np.abs(ref))
+        once = np64(tf.cast(tf.constant(ref), dtype))
+        assert np.mean(got == once) > 0.99, np.mean(got == once)
+
+
 def test_stock_eigen_kernels_are_far_off_where_the_rule_is_taken():
     if not conv_gradient.emulated_on(hardware.detect(), "bfloat16"):
         pytest.skip("this CPU runs bfloat16 convolutions natively (oneDNN): stock's kernels are not Eigen's")
