@@ -60,21 +60,29 @@ def tape_abs(layer, x64, k64, dy):
     return [np.asarray(g) for g in tape.gradient(y, [ax, ak], output_gradients=tf.abs(dy))]
 
 
+def _stock_then_ours(make, shape, dtype, gradients, *, seed, scale):
+    """The layer under mixed_`dtype` with random weights, a batch and an upstream gradient; `gradients` of it
+    with the rules installed, once the forward pass is checked to be stock's, bit for bit."""
+    rng = np.random.default_rng(seed)
+    keras.utils.set_random_seed(seed)
+    layer = make(f"mixed_{dtype}")
+    layer.build(shape)
+    for w in layer.trainable_weights:
+        w.assign(rng.standard_normal(w.shape) * scale)
+    x = tf.cast(rng.standard_normal(shape), dtype)
+    upstream = tf.constant(rng.standard_normal(layer.compute_output_shape(shape)), tf.float32)
+    stock, _ = gradients(layer, x, upstream)
+    op_rules.install(dtype)
+    ours, graph = gradients(layer, x, upstream)
+    np.testing.assert_array_equal(ours[0], stock[0])  # the forward convolution is Keras's
+    return layer, x, upstream, ours, graph
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("name", LAYERS)
 def test_gradients_are_float32_sums_rounded_once_forward_is_kerass(name, dtype, rule_on):
     make, shape = LAYERS[name]
-    rng = np.random.default_rng(0)
-    keras.utils.set_random_seed(0)
-    layer = make(f"mixed_{dtype}")
-    layer.build(shape)
-    layer.kernel.assign(rng.standard_normal(layer.kernel.shape) * 0.2)
-    x = tf.cast(rng.standard_normal(shape), dtype)
-    upstream = tf.constant(rng.standard_normal(layer.compute_output_shape(shape)), tf.float32)
-    stock, stock_graph = _gradients(layer, x, upstream)
-    op_rules.install(dtype)
-    ours, graph = _gradients(layer, x, upstream)
-    np.testing.assert_array_equal(ours[0], stock[0])  # the forward convolution is Keras's
+    layer, x, upstream, ours, graph = _stock_then_ours(make, shape, dtype, _gradients, seed=0, scale=0.2)
     backprops = {op.type: op.outputs[0].dtype.name for op in graph.get_operations() if "Backprop" in op.type}
     if name != "conv2d_grouped":  # (grouped: Keras's XLA computation, its ops inside)
         assert backprops and set(backprops.values()) == {"float32"}, backprops
@@ -129,17 +137,7 @@ def _float64_gradients(make, shape, weights, x, dy):
 @pytest.mark.parametrize("name", OTHER_LAYERS)
 def test_depthwise_separable_and_transposed_gradients_are_float32_sums_rounded_once(name, dtype, rule_on):
     make, shape = OTHER_LAYERS[name]
-    rng = np.random.default_rng(3)
-    layer = make(f"mixed_{dtype}")
-    layer.build(shape)
-    for w in layer.trainable_weights:
-        w.assign(rng.standard_normal(w.shape) * 0.3)
-    x = tf.cast(rng.standard_normal(shape), dtype)
-    upstream = tf.constant(rng.standard_normal(layer.compute_output_shape(shape)), tf.float32)
-    stock, _ = _all_gradients(layer, x, upstream)
-    op_rules.install(dtype)
-    ours, graph = _all_gradients(layer, x, upstream)
-    np.testing.assert_array_equal(ours[0], stock[0])  # the forward convolution is Keras's
+    layer, x, upstream, ours, graph = _stock_then_ours(make, shape, dtype, _all_gradients, seed=3, scale=0.3)
     backward = {op.type: op.outputs[0].dtype.name for op in graph.get_operations()
                 if op.name.startswith("gradient_tape/") and ("Backprop" in op.type or op.type.startswith("Conv"))}
     assert backward and set(backward.values()) == {"float32"}, backward
