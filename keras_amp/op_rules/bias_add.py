@@ -79,11 +79,12 @@ def bias_gradient(dy: tf.Tensor, channel_axis: int, method: str | None = None) -
     return tf.cast(tf.reduce_sum(tf.cast(dy, tf.float32), axes), dy.dtype)
 
 
-def _is_dense_bfloat16(x: Any) -> bool:
+def dense_dtype(x: Any) -> str | None:
+    """`x`'s dtype name; None for a sparse, ragged or IndexedSlices value (Keras's ops handle those themselves)."""
     if isinstance(x, (tf.SparseTensor, tf.IndexedSlices, tf.RaggedTensor)):
-        return False  # Keras's add handles them itself
+        return None
     dtype = getattr(x, "dtype", None)  # a Keras variable reports its autocast dtype (a string)
-    return getattr(dtype, "name", dtype) == "bfloat16"
+    return getattr(dtype, "name", dtype)
 
 
 def channel_axis(x: tf.Tensor, bias: tf.Tensor) -> int | None:
@@ -156,7 +157,7 @@ def float32_bias_gradient(original: Callable) -> Callable:
     """Replaces the TF backend's `add` for a bfloat16 bias add (module doc); every other add is the original."""
 
     def add(x1, x2):
-        if not (_is_dense_bfloat16(x1) and _is_dense_bfloat16(x2)):
+        if not (dense_dtype(x1) == dense_dtype(x2) == "bfloat16"):
             return original(x1, x2)
         x1, x2 = tf.convert_to_tensor(x1), tf.convert_to_tensor(x2)  # a Keras variable: its autocast read
         size = trailing_size(x1, x2)

@@ -25,12 +25,13 @@ operands of two dtypes (Keras's error, as without keras_amp).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Callable
 
 import tensorflow as tf
 
 from keras_amp import _compat, hardware
 from keras_amp.custom_gradient import custom_gradient
+from keras_amp.op_rules.bias_add import dense_dtype
 from keras_amp.op_rules.table import XLA_CONTEXT
 
 _in_xla_context = _compat.original(XLA_CONTEXT)  # the rule is installed only where it is found (table.RELIED_ON)
@@ -52,13 +53,6 @@ def emulated(dtype: str) -> bool:
     return emulated_on(hardware.detect(), dtype)
 
 
-def _dtype(x: Any) -> str | None:
-    if isinstance(x, (tf.SparseTensor, tf.IndexedSlices, tf.RaggedTensor)):
-        return None
-    dtype = getattr(x, "dtype", None)  # a Keras variable reports its autocast dtype (a string)
-    return getattr(dtype, "name", dtype)
-
-
 def _float32_gradients(original: Callable, operands: int) -> Callable:
     """`original` (a TF-backend convolution whose first `operands` positional arguments are its input and
     kernels, as Keras's ops pass them) with the gradients of the module doc; every other call is the
@@ -66,9 +60,9 @@ def _float32_gradients(original: Callable, operands: int) -> Callable:
 
     def conv(*args, **kwargs):
         tensors, rest = args[:operands], args[operands:]
-        dtype = _dtype(tensors[0]) if tensors else None
+        dtype = dense_dtype(tensors[0]) if tensors else None
         if (len(tensors) < operands or dtype not in ("bfloat16", "float16")
-                or any(_dtype(k) != dtype for k in tensors[1:]) or not emulated(dtype)
+                or any(dense_dtype(k) != dtype for k in tensors[1:]) or not emulated(dtype)
                 or (not tf.executing_eagerly() and _in_xla_context(tf.compat.v1.get_default_graph()))):
             return original(*args, **kwargs)
 

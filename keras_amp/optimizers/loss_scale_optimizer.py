@@ -218,15 +218,12 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     consecutive_overflows = loaded_state.built_variable(
         "consecutive_overflows", "_consecutive_overflows", "Variable: overflows since the last finite step.")
     overflows_at_min_scale = loaded_state.built_variable(
-        "overflows_at_min_scale", "_overflows_at_min_scale",
-        "Variable: consecutive overflows of steps already at `min_scale`.")
+        "overflows_at_min_scale", "_overflows_at_min_scale", "Variable: consecutive overflows at `min_scale`.")
     total_steps = loaded_state.built_variable(
         "total_steps", "_iterations",
         "Variable: every `apply` call, applied or skipped (`iterations + overflow_count`).")
 
-    # Not converted by AutoGraph when a user's tf.function calls them: Keras's own optimizer code is not
-    # (AutoGraph leaves the `keras` package alone), and ours runs as written, as under `fit`.
-    @tf.autograph.experimental.do_not_convert
+    @tf.autograph.experimental.do_not_convert  # as Keras's code (BUILD_NOTES, Structure: AutoGraph)
     def scale_loss(self, loss):
         if not self.built and self._deferred_state is not None:
             # `load_weights` before build: the loaded scale (an eager step unscales by the same value).
@@ -269,10 +266,9 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     # ----------------------------------------------------------------- the step
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
-        raise NotImplementedError(
-            "keras_amp.LossScaleOptimizer implements the TensorFlow backend's stateful "
-            "`apply()`; `stateless_apply` (JAX) is not supported. "
-            f"Received: backend={keras.backend.backend()!r}. Allowed: 'tensorflow'")
+        raise NotImplementedError("keras_amp.LossScaleOptimizer implements the TensorFlow backend's stateful "
+                                  "`apply()`; `stateless_apply` (JAX) is not supported. Received: "
+                                  f"backend={keras.backend.backend()!r}. Allowed: 'tensorflow'")
 
     @tf.autograph.experimental.do_not_convert
     def apply(self, grads, trainable_variables=None):
