@@ -29,6 +29,7 @@ import dataclasses
 import gc
 import os
 import warnings
+import weakref
 
 import keras
 
@@ -118,10 +119,11 @@ def prepare(model, optimizer=None, *, frozen_weights: str | None = None) -> Prep
         if lean is not None:
             _compat.require(_compat.MEMORY)
         return Prepared()
-    frozen, thawed, handed, targets, candidates = [], [], [], [], []
+    frozen, thawed, handed, targets, candidates, owned = [], [], [], [], [], []
     for layer, v, created_trainable in owned_weights(model):
-        if not created_trainable:
-            continue
+        if not created_trainable or getattr(v, "_keras_amp_float32_view", False):
+            continue  # inside `float32_weights`: its 16-bit storage comes back on exit
+        owned.append(v)
         reads_in = read_dtype(layer, v)
         stored = storage.storage_dtype(v)
         was_frozen_by_us = getattr(v, "_keras_amp_frozen_16bit", False)
@@ -164,6 +166,7 @@ def prepare(model, optimizer=None, *, frozen_weights: str | None = None) -> Prep
             "the float32 values.", amp_policy.AmpWarning, stacklevel=3)
     lean_paths = lean.adopt_lean(targets) if lean is not None and targets else ()
     result = Prepared(tuple(frozen), tuple(thawed + handed), tuple(lean_paths))
+    _note_traced_by(model, [v for v in owned if storage.is_16bit_storage(v)])
     if result.changed:
         forget_traced(model)
         gc.collect()  # the replaced float32 tf.Variables are freed now, not at the next collection
@@ -182,11 +185,31 @@ def _trains_as_stored(lean, variable) -> bool:
     return True
 
 
-def forget_traced(model) -> None:
-    """Drops a compiled model's cached train/test/predict functions (they hold old variables)."""
-    for attr in ("train_function", "test_function", "predict_function"):
-        if getattr(model, attr, None) is not None:
-            setattr(model, attr, None)
+def _note_traced_by(model, variables) -> None:
+    """Records, weakly, on each of `variables` (stored in 16 bits) that `model` traces its steps with it:
+    a later change of its storage through a sub-model (a backbone) drops `model`'s steps too."""
+    for v in variables:
+        models = getattr(v, "_keras_amp_traced_by", None)
+        if models is None:
+            models = v._keras_amp_traced_by = weakref.WeakSet()
+        models.add(model)
+
+
+def traced_by(variable) -> list:
+    """The models `prepare` saw trace their steps with `variable` (alive ones)."""
+    return list(getattr(variable, "_keras_amp_traced_by", ()))
+
+
+def forget_traced(model, variables=()) -> None:
+    """Drops the cached train/test/predict functions (they hold old variables) of `model` and of every
+    model `prepare` saw trace with one of `variables` (a model around `model`, whose steps hold them too)."""
+    models = {id(model): model}
+    for v in variables:
+        models.update((id(m), m) for m in traced_by(v))
+    for m in models.values():
+        for attr in ("train_function", "test_function", "predict_function"):
+            if getattr(m, attr, None) is not None:
+                setattr(m, attr, None)
 
 
 def _check_model(model):
@@ -208,18 +231,45 @@ def restore_frozen_float32(model, weights_path: str | None = None) -> list[str]:
     """Puts frozen weights stored in 16 bits back into float32 storage; returns their paths.
 
     Args:
-        model: The model `prepare` changed.
-        weights_path: Path of a `.weights.h5` (or `.keras`) file with the model's float32 weights
-            (the pretrained ones, e.g. saved before `enable_lora`), or None. With a path the frozen
-            weights get their float32 values back from it, and every other weight (LoRA
-            adapters, trained weights, statistics) keeps the value it has now. Without one they
-            get their 16-bit values, in float32.
+        model: The model `prepare` changed, or a model around it.
+        weights_path: Path of a `.weights.h5` (or `.keras`) file with float32 weights, or None. The
+            file holds the weights of `model`, or of one model inside it (a keras-hub preset's
+            `model.weights.h5` holds the backbone's, not the task's): the pretrained ones, e.g.
+            saved before `enable_lora`. With a path the frozen weights of the model the file holds
+            get their float32 values back from it, and every other weight (LoRA adapters, trained
+            weights, statistics, frozen weights outside that model) keeps the value it has now.
+            Without one they get their 16-bit values, in float32. A file that fits neither `model`
+            nor exactly one model inside it raises Keras's `ValueError` and changes nothing.
     """
     _check_model(model)
     if weights_path is not None:
         validation.check_type("weights_path", weights_path, (str, os.PathLike), "a path or None")
         if not os.path.exists(weights_path):
             raise FileNotFoundError(f"`weights_path` does not exist. Received: weights_path={weights_path!r}")
+    said = []
+    try:
+        with warnings.catch_warnings(record=True) as said:  # Keras's, about the parts that do not fit
+            warnings.simplefilter("always")
+            return _restore(model, weights_path)
+    except ValueError as error:
+        fits = _inner_models_fitting(model, weights_path) if weights_path is not None else []
+        if len(fits) > 1:
+            raise ValueError(
+                f"`weights_path` holds the weights of {len(fits)} models inside {model.name!r} "
+                f"({', '.join(repr(path) for path, _ in fits)}): call restore_frozen_float32 on the one "
+                f"it is for. Received: weights_path={weights_path!r}") from error
+        if not fits:
+            raise
+        said = []  # the file is for a model inside: Keras's warnings about loading it into `model` are moot
+    finally:
+        for w in said:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    restored = _restore(fits[0][1], weights_path)
+    forget_traced(model)
+    return restored
+
+
+def _restore(model, weights_path):
     variables = frozen_16bit(model)
     stored = [(storage.storage_dtype(v), v._value.read_value()) for v in variables]
     keep = {id(v) for v in variables}
@@ -241,5 +291,27 @@ def restore_frozen_float32(model, weights_path: str | None = None) -> list[str]:
     finally:
         for v, value in zip(others, values):  # every other weight keeps the value it has now
             v.assign(value)
-        forget_traced(model)
+        forget_traced(model, variables)
     return [v.path for v in variables]
+
+
+def _inner_models_fitting(model, weights_path) -> list[tuple[str, keras.Model]]:
+    """(path, model) of each model inside `model` that loads the file at `weights_path`: Keras's own
+    matching, by a trial load; every weight gets its value back after each trial."""
+    inner = [(path, layer) for path, layer in model_graph.walk(model) if isinstance(layer, keras.Model)]
+    if not inner:
+        return []
+    values = [(v, v.numpy()) for v in model.variables]
+    fits = []
+    for path, layer in inner:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # Keras warns for each part of a file that does not fit
+                layer.load_weights(weights_path)
+            fits.append((path, layer))
+        except (ValueError, TypeError, KeyError):
+            pass
+        finally:
+            for v, value in values:
+                v.assign(value)
+    return fits

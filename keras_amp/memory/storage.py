@@ -11,6 +11,7 @@ a traced function that captured the old `tf.Variable` reads the old one, so call
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import keras
 import numpy as np
@@ -41,8 +42,9 @@ def _strategy_scope(tf_variable):
     return strategy.scope()
 
 
-def set_storage(variable, dtype: str, value=None) -> None:
+def set_storage(variable, dtype: str, value=None):
     """Stores Keras `variable` as `dtype` from now on, holding `value` (default: its value, cast).
+    Returns the `tf.Variable` it stored before (`put_back` takes it).
 
     Call outside any traced function. Raises `keras_amp._compat.FeatureOff` on an untested Keras.
     """
@@ -64,6 +66,15 @@ def set_storage(variable, dtype: str, value=None) -> None:
             aggregation=old.aggregation, synchronization=old.synchronization)
     variable._value = replacement
     variable._dtype = dtype
+    return old
+
+
+def put_back(variable, tf_variable) -> None:
+    """Makes `tf_variable`, a storage `set_storage` replaced (it returns it), `variable`'s storage again:
+    the same `tf.Variable`, so functions traced with it, and optimizer slots keyed by it, hold again."""
+    _check_variable(variable)
+    variable._value = tf_variable
+    variable._dtype = keras.backend.standardize_dtype(tf_variable.dtype)
 
 
 def variable_bytes(variables) -> int:
@@ -102,14 +113,23 @@ def is_16bit_storage(variable) -> bool:
     return storage_dtype(variable) in LOW_PRECISION
 
 
-def mark_lean(variable, kind: str, compensation) -> None:
+def mark_lean(variable, kind: str, compensation, owner=None) -> None:
     """Records on `variable` that its float32 master is its 16-bit value joined with `compensation`
-    (`LeanAdam`'s kinds: "split", "kahan"; a tensor or variable; None for "stochastic", "none").
+    (`LeanAdam`'s kinds: "split", "kahan"; a tensor or variable; None for "stochastic", "none"), and,
+    weakly, the `owner` optimizer that keeps it (None before it is built).
 
     The record goes with the weight, not with the optimizer: a model recompiled with another
     optimizer hands the master on (`keras_amp.memory.prepare`) even after the first is gone.
     """
     variable._keras_amp_lean = (kind, compensation)
+    variable._keras_amp_lean_owner = None if owner is None else weakref.ref(owner)
+
+
+def lean_owner(variable):
+    """The optimizer `mark_lean` recorded for `variable` while it is alive and still keeps it, else None."""
+    ref = getattr(variable, "_keras_amp_lean_owner", None)
+    owner = ref() if ref is not None else None
+    return owner if owner is not None and owner.keeps_16bit(variable) else None
 
 
 def lean_master(variable):
@@ -135,3 +155,4 @@ def is_marked_lean(variable) -> bool:
 
 def unmark_lean(variable) -> None:
     variable._keras_amp_lean = None
+    variable._keras_amp_lean_owner = None

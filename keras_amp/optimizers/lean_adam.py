@@ -203,7 +203,7 @@ class LeanAdam(keras.optimizers.Adam):
             with tf.init_scope():
                 if bits.same_bits(tf.convert_to_tensor(v._value), hi):
                     compensation.assign(tf.cast(low, compensation.dtype))
-            storage.mark_lean(v, kind, compensation)
+            storage.mark_lean(v, kind, compensation, owner=self)
             self._low.append(compensation)
         deferred = self._deferred_state
         if deferred is not None:
@@ -270,36 +270,10 @@ class LeanAdam(keras.optimizers.Adam):
     def variable_index(self, variable) -> int:
         return self._get_variable_index(variable)
 
-    def rekey(self, variable, index: int) -> None:
-        """After `variable`'s storage changed (a new tf.Variable), finds its slots by `index` again."""
-        self._trainable_variables_indices = {
-            k: i for k, i in self._trainable_variables_indices.items() if i != index}
-        self._trainable_variables_indices[self._var_key(variable)] = index
-
-    def stored_pair(self, variable, index: int) -> tuple:
-        """Lean weight `index` as stored: (its 16-bit value, its compensation or None, the float32
-        master they make), copies."""
-        low = self._low[index]
-        return (tf.identity(variable.value), None if low is None else tf.identity(low.value),
-                storage.lean_master(variable))
-
-    def restore_lean(self, variable, index: int, pair: tuple | None = None) -> None:
-        """Splits lean weight `index`, stored in float32 (`keras_amp.memory.float32_weights`), back.
-
-        `pair`: its `stored_pair` from before, put back as it was where the master is unchanged: a
-        "kahan" remainder of exactly half an ulp makes a tie that the split of the join rounds the
-        other way (the same master, another pair, another forward pass).
-        """
-        dtype = self._kinds[index][1]
-        master = _f32(variable.value)
-        storage.set_storage(variable, dtype, tf.cast(master, dtype))
-        self.rekey(variable, index)
-        if pair is not None and bits.same_bits(master, pair[2]):
-            variable.assign(pair[0])
-            if pair[1] is not None:
-                self._low[index].assign(pair[1])
-            return
-        self._store(variable, master, tf.constant([0, 0], tf.int32))
+    def store_master(self, variable, master) -> None:
+        """Stores float32 `master` as lean weight `variable`'s new value, as a step stores one (a value
+        assigned inside `keras_amp.memory.float32_weights`)."""
+        self._store(variable, _f32(master), tf.constant([0, 0], tf.int32))
 
     def _apply_weight_decay(self, variables):
         # Lean weights decay inside update_step, on the float32 master.

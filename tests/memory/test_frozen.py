@@ -192,3 +192,116 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="frozen_weights"):
         keras_amp.enable("mixed_bfloat16", frozen_weights="half")
     assert keras_amp.config() is None or not getattr(keras_amp.config(), "enabled", False)
+
+
+def _backbone(name, scale=1.0):
+    inputs = keras.Input((16,))
+    hidden = keras.layers.Dense(16, name="d1")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(8, name="d2")(hidden), name=name)
+    model.set_weights([w * scale for w in model.get_weights()])
+    return model
+
+
+def test_restore_frozen_float32_from_a_backbone_file_on_the_model_around_it(tmp_path):
+    # A keras-hub preset's model.weights.h5 holds the backbone's weights, not the task's.
+    keras_amp.enable("mixed_bfloat16")
+    keras.utils.set_random_seed(0)
+    backbone = _backbone("backbone")
+    pretrained = str(tmp_path / "backbone.weights.h5")
+    backbone.save_weights(pretrained)
+    original = [w.copy() for w in backbone.get_weights()]
+    backbone.trainable = False
+    inputs = keras.Input((16,))
+    frozen_head = keras.layers.Dense(4, name="frozen_head")
+    outputs = keras.layers.Dense(4, name="head")(frozen_head(backbone(inputs)))
+    model = keras.Model(inputs, outputs)
+    frozen_head.trainable = False
+    model.compile(keras.optimizers.Adam(1e-2), "mse")
+    model.fit(X, Y, batch_size=16, epochs=1, verbose=0)
+    head = model.get_layer("head").kernel.numpy().copy()
+    outside = frozen_head.kernel.numpy().copy()
+    assert memory.storage_dtype(backbone.get_layer("d1").kernel) == "bfloat16"  # guard
+    with pytest.raises(ValueError):  # Keras's own load, for contrast: the file is not the model's
+        model.load_weights(pretrained)
+    model.get_layer("head").kernel.assign(head)
+    restored = memory.restore_frozen_float32(model, pretrained)
+    assert restored == [v.path for v in backbone.weights]
+    for v, want in zip(backbone.weights, original):
+        assert memory.storage_dtype(v) == "float32"
+        np.testing.assert_array_equal(v.numpy(), want, err_msg=v.path)
+    np.testing.assert_array_equal(model.get_layer("head").kernel.numpy(), head)  # trained: as it was
+    assert memory.storage_dtype(frozen_head.kernel) == "bfloat16"  # outside the file's model: as it was
+    np.testing.assert_array_equal(frozen_head.kernel.numpy(), outside)
+
+
+def test_a_backbone_changed_alone_drops_the_steps_of_the_model_around_it(tmp_path):
+    # The fitted model's traced steps captured the backbone's 16-bit variables; restoring the backbone
+    # alone, with other values, must not leave them reading the old ones.
+    keras_amp.enable("mixed_bfloat16")
+    keras.utils.set_random_seed(0)
+    backbone = _backbone("backbone")
+    other = str(tmp_path / "other.weights.h5")
+    _backbone("other", scale=3.0).save_weights(other)
+    backbone.trainable = False
+    inputs = keras.Input((16,))
+    model = keras.Model(inputs, keras.layers.Dense(4, name="head")(backbone(inputs)))
+    model.compile(keras.optimizers.Adam(1e-2), "mse")
+    model.fit(X, Y, batch_size=16, epochs=1, verbose=0)
+    before = model.predict(X, verbose=0)
+    memory.restore_frozen_float32(backbone, other)
+    keras_amp.disable()  # no `prepare` before the next step, which would have traced again anyway
+    after = model.predict(X, verbose=0)
+    want = model(X, training=False)
+    np.testing.assert_array_equal(after, keras.ops.convert_to_numpy(want))
+    assert np.abs(after - before).max() > 0.1
+
+
+def test_restore_frozen_float32_refuses_a_file_that_fits_two_models_inside(tmp_path):
+    keras_amp.enable("mixed_bfloat16")
+    keras.utils.set_random_seed(0)
+    left, right = _backbone("left"), _backbone("right")
+    path = str(tmp_path / "left.weights.h5")
+    left.save_weights(path)
+    left.trainable = right.trainable = False
+    inputs = keras.Input((16,))
+    model = keras.Model(inputs, keras.layers.Dense(4, name="head")(
+        keras.layers.Concatenate()([left(inputs), right(inputs)])))
+    model.compile(keras.optimizers.Adam(1e-2), "mse")
+    model.fit(X, Y, batch_size=16, epochs=1, verbose=0)
+    values = [v.numpy().copy() for v in model.weights]
+    with pytest.raises(ValueError, match="2 models inside .*'left'.*'right'"):
+        memory.restore_frozen_float32(model, path)
+    for v, want in zip(model.weights, values):
+        np.testing.assert_array_equal(v.numpy(), want, err_msg=v.path)
+    assert {memory.storage_dtype(v) for v in left.weights + right.weights} == {"bfloat16"}
+
+
+def test_restore_frozen_float32_on_a_keras_hub_task_from_its_backbone_file(tmp_path):
+    keras_hub = pytest.importorskip("keras_hub")
+    keras_amp.enable("mixed_bfloat16")
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=64, num_layers=1, num_heads=2, hidden_dim=16,
+                                             intermediate_dim=32, max_sequence_length=8)
+    path = str(tmp_path / "model.weights.h5")  # what a preset holds: the backbone's weights
+    backbone.save_weights(path)
+    pretrained = {v.path: v.numpy().copy() for v in backbone.weights}
+    task = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    backbone.enable_lora(2)
+    task.compile(keras.optimizers.Adam(1e-2),
+                 keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    x = {"token_ids": rng.integers(0, 64, (8, 8)), "padding_mask": np.ones((8, 8), bool)}
+    task.fit(x, rng.integers(0, 64, (8, 8)), verbose=0)
+    frozen = [v.path for v in memory.frozen_16bit(task)]
+    adapters = {v.path: v.numpy().copy() for v in backbone.weights if "lora" in v.path}
+    assert frozen and adapters and np.abs(np.concatenate([a.ravel() for a in adapters.values()])).max() > 0
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert memory.restore_frozen_float32(task, path) == frozen
+    assert not said, [str(w.message) for w in said]  # the trial loads' warnings are not the user's
+    for v in backbone.weights:
+        if v.path in adapters:
+            np.testing.assert_array_equal(v.numpy(), adapters[v.path], err_msg=v.path)
+        elif v.path in frozen:
+            assert memory.storage_dtype(v) == "float32"
+            np.testing.assert_array_equal(v.numpy(), pretrained[v.path], err_msg=v.path)
