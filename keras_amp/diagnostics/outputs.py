@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_amp import losses as amp_losses
+from keras_amp import model_graph
 from keras_amp.diagnostics.finding import Finding
 from keras_amp.numerics import cross_entropy
 
@@ -168,10 +169,12 @@ def output_findings(model, loss: Any = None, ran: tuple[str, ...] | None = None,
         dtype = ran[i] if ran is not None else current_dtype(t)
         if not keras.backend.is_float_dtype(dtype) or dtype == "float32":
             continue
-        name = t._keras_history.operation.name
+        layer = t._keras_history.operation
+        name = layer.name
         # A block's output: its last layer float32 is enough (the block's rule would take its whole subtree).
         if inner.startswith(name + "/"):
             name, how = inner, f"its last layer {inner!r}: "
+            layer = next((sub for path, sub in model_graph.walk(model) if path == inner), layer)
         else:
             how = "dtype='float32', keras_amp.layers.OutputHead, or "
         if out_loss is None:
@@ -185,11 +188,23 @@ def output_findings(model, loss: Any = None, ran: tuple[str, ...] | None = None,
                     f"to {dtype} and the loss's exp, sum and log run in float32 (nothing overflows or flushes to "
                     "zero); keras_amp.layers.Logits gives unrounded float32 logits at the same matmul cost")
                 continue
+        as_float32 = f"({how}apply_recipe(..., rules={{{name!r}: 'float32'}}))"
+        if _projects(layer):
+            fix = ("for float32 logits at the 16-bit matmul's speed build the head as keras_amp.layers.Logits; or "
+                   f"make it float32 {as_float32}; 16-bit logits are safe when the loss is a softmax "
+                   "cross-entropy from logits")
+        else:  # a normalisation, pooling or activation: features (a backbone's), not a head's logits
+            as_float32 = as_float32.replace("keras_amp.layers.OutputHead, ", "")  # a Dense head: not this layer
+            fix = (f"{name!r} ({type(layer).__name__}) is no projection: where this output is features that a "
+                   "model built on it reads (a backbone's), check that model with its loss instead; for a loss "
+                   f"on this output itself make the layer float32 {as_float32}")
         findings.append(Finding(
             "output_not_float32", name,
-            f"model output {i} is {dtype} and {why}: the loss and metrics see {dtype}-rounded values",
-            "for float32 logits at the 16-bit matmul's speed build the head as keras_amp.layers.Logits; or make "
-            f"it float32 ({how}apply_recipe(..., rules={{{name!r}: 'float32'}})); 16-bit logits are safe when "
-            "the loss is a softmax cross-entropy from logits",
-        ))
+            f"model output {i} is {dtype} and {why}: the loss and metrics see {dtype}-rounded values", fix))
     return findings, notes
+
+
+def _projects(layer) -> bool:
+    """Whether `layer` multiplies by a weight matrix (a Dense, EinsumDense, convolution or reverse embedding
+    head: it holds a weight of rank >= 2), so that its output can be logits; else it is features."""
+    return any(len(v.shape) >= 2 for v in getattr(layer, "weights", ()))

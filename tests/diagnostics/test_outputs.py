@@ -159,3 +159,22 @@ def test_an_output_is_read_as_the_traced_call_gives_it_not_as_its_spec_says():
         # Before: a note that each logit "is bfloat16 by choice" and is rounded to bfloat16: it is not.
         assert report.ok and not [n for n in report.notes if "'head'" in n], report.notes
     assert outputs.output_findings(model, ran=("bfloat16",))[1]  # what the traced call gives decides
+
+
+def test_features_are_not_told_to_become_logits():
+    # A backbone's output (keras-hub GPT-2: its final LayerNormalization; a pooled CNN) is features, not a
+    # head's logits: the fix says to check the model built on it, and names no Logits / OutputHead head.
+    keras_hub = pytest.importorskip("keras_hub")
+    keras_amp.enable("mixed_float16")
+    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=64, num_layers=1, num_heads=2, hidden_dim=16,
+                                             intermediate_dim=32, max_sequence_length=8)
+    inp = keras.Input((8, 8, 3))
+    pooled = keras.Model(inp, keras.layers.GlobalAveragePooling2D()(keras.layers.Conv2D(4, 3)(inp)))
+    for model, layer in ((backbone, "layer_norm"), (pooled, "global_average_pooling2d")):
+        [found] = check.check_model(model).of_kind("output_not_float32")
+        assert found.layer == layer and "is no projection" in found.fix and "model built on it" in found.fix
+        assert "Logits" not in found.fix and "OutputHead" not in found.fix
+        assert f"rules={{{layer!r}: 'float32'}}" in found.fix
+    head = _head(lambda: keras.layers.Dense(8, name="head"))  # a projection: the Logits advice stands
+    [found] = check.check_model(head).of_kind("output_not_float32")
+    assert "keras_amp.layers.Logits" in found.fix and "no projection" not in found.fix
