@@ -17,6 +17,7 @@ Where each fact comes from, asked in this order (`detect_cpu`):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import os
 import platform
@@ -169,6 +170,17 @@ class DeviceInfo:
         use those kernels, so a compiled bfloat16 step loses them."""
         return not self.gpus and not self.tpu_count and self.cpu_fast_bfloat16
 
+    def emulates(self, dtype: str) -> bool:
+        """Whether this device runs `dtype` ("bfloat16" or "float16") matmuls and convolutions with Eigen's
+        kernels: a CPU alone, without oneDNN's native bfloat16 for bfloat16, without float16
+        instructions for float16. Eigen's 16-bit kernels are slower than its float32 ones."""
+        validation.check_choice("dtype", dtype, ("bfloat16", "float16"))
+        if self.gpus or self.tpu_count:
+            return False
+        if dtype == "float16":
+            return not any(flag in self.cpu_flags for flag in FP16_CPU_FLAGS)
+        return not self.cpu_fast_bfloat16
+
     @property
     def fast_bfloat16(self) -> bool:
         cap = self.min_compute_capability
@@ -283,6 +295,12 @@ def _gpu_infos() -> tuple[GpuInfo, ...]:
             GpuInfo(name=str(details.get("device_name", device.name)), compute_capability=tuple(cap) if cap else None)
         )
     return tuple(infos)
+
+
+@functools.lru_cache(maxsize=None)
+def emulated(dtype: str) -> bool:
+    """`DeviceInfo.emulates(dtype)` for this machine's devices, observed once per dtype."""
+    return detect().emulates(dtype)
 
 
 def detect() -> DeviceInfo:

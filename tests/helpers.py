@@ -199,6 +199,18 @@ def compiled_calls(fn, *args):
     return [op for op in graph.get_operations() if "_XlaMustCompile" in op.node_def.attr]
 
 
+def gradient_function(model, jit_compile=False):
+    """A `tf.function` of the gradients of sum(model(x)) (summed in float32) for the trainable variables."""
+
+    @tf.function(jit_compile=jit_compile)
+    def gradients(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.cast(model(x), tf.float32))
+        return tape.gradient(loss, model.trainable_variables)
+
+    return gradients
+
+
 def while_bodies(graph):
     """The body graphs of every tf.while_loop (control flow v2) in `graph`, nested ones included."""
     for f in graph._functions.values():

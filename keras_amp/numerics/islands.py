@@ -8,7 +8,8 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from keras_amp import _compat
+from keras_amp import _compat, hardware
+from keras_amp.custom_gradient import custom_gradient
 
 # No public API reads a variable without autocasting (Keras 3.15.1), nor lists the calling layers;
 # the private objects below are keras_amp._compat pins.
@@ -16,6 +17,7 @@ _AUTOCAST_SCOPE = _compat.original("keras.src.backend.common.variables.AutocastS
 _GET_GLOBAL = _compat.original("keras.src.backend.common.global_state.get_global_attribute")
 _WHILE_BODY = _compat.original("tensorflow.python.ops.control_flow_v2_func_graphs.WhileBodyFuncGraph")
 _COND_BRANCH = _compat.original("tensorflow.python.ops.control_flow_v2_func_graphs.CondBranchFuncGraph")
+_in_xla_context = _compat.original("tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext")
 
 
 def float32_variables():
@@ -102,30 +104,79 @@ def weight_matmul(x, weight, dtype, columns=None, matmul=tf.matmul):
     sum. Summed in 16 bits (TensorFlow's sum for the captured 16-bit copy), a bfloat16 sum of
     ones stops at 256, and a 256-step LSTM's kernel gradients end 3-4x further from float64
     (tests/numerics/test_loop_weight_gradient.py). `matmul` computes the forward product.
+
+    Where the CPU has no 16-bit matmul kernels of its own (`hardware.emulated`: Eigen's bfloat16
+    MatMul, slower than its float32 one and truncating its sums) and the step is not compiled with
+    XLA, the products forward and backward are float32 kernels' on exact upcasts of the 16-bit
+    operands, each rounded once to `dtype` (the loop's weight gradient is not rounded: it is summed
+    in float32). In the loop the weight's float32 upcast, made once before it, takes the place of its
+    16-bit copy; the activation's upcast is made again in the backward pass rather than kept.
     """
+    upcast = float32_kernels(dtype)
     outer = _rnn_loop_outer_graph() if isinstance(weight, keras.Variable) else None
     if outer is None:
         w = float32_value(weight) if isinstance(weight, keras.Variable) else weight
         w = w if columns is None else w[:, columns]
-        return matmul(x, tf.cast(w, dtype))
+        w16 = tf.cast(w, dtype)
+        return _upcast_matmul(x, w16, matmul) if upcast else matmul(x, w16)
     with outer.as_default():
         w32 = float32_value(weight)
         w32 = w32 if columns is None else w32[:, columns]
-        w16 = tf.cast(w32, dtype)
-    return _float32_summed_matmul(x, w16, w32, matmul)
+        w = tf.cast(w32, dtype)
+        w = tf.cast(w, tf.float32) if upcast else w  # the 16-bit copy, or its exact upcast alone
+    return _float32_summed_matmul(x, w, w32, matmul)
 
 
-def _float32_summed_matmul(x, w16, w32, matmul):
-    """`matmul(x, w16)`; the gradient goes to `x` (16-bit) and to `w32` (float32), none to `w16`."""
+def float32_kernels(dtype) -> bool:
+    """Whether a 16-bit `dtype` matmul built now runs on float32 kernels (`weight_matmul`)."""
+    dtype = tf.as_dtype(dtype)
+    if dtype not in (tf.bfloat16, tf.float16) or not hardware.emulated(dtype.name) or _in_xla_context is None:
+        return False
+    return tf.executing_eagerly() or not _in_xla_context(tf.compat.v1.get_default_graph())
+
+
+def _rows(t):
+    return tf.reshape(t, [-1, t.shape[-1]])
+
+
+def _float32_summed_matmul(x, w, w32, matmul):
+    """`matmul(x, w)` in `x`'s dtype, `w` the 16-bit weight or (float32 kernels, `weight_matmul`) its
+    float32 upcast; the gradient goes to `x` (16-bit) and to `w32` (float32), none to `w`."""
+    upcast = w.dtype == tf.float32
 
     @tf.custom_gradient
-    def product(x, w16, w32):
+    def product(x, w, w32):
         def grad(dy):
-            dx = tf.matmul(dy, w16, transpose_b=True)
-            rows = tf.reshape(x, [-1, x.shape[-1]])
-            dw = tf.matmul(rows, tf.reshape(dy, [-1, dy.shape[-1]]), transpose_a=True)
-            return dx, None, tf.cast(dw, w32.dtype)
+            if not upcast:
+                dx = tf.matmul(dy, w, transpose_b=True)
+                dw = tf.matmul(_rows(x), _rows(dy), transpose_a=True)
+                return dx, None, tf.cast(dw, w32.dtype)
+            dy32 = tf.cast(dy, tf.float32)
+            with tf.control_dependencies([dy]):  # upcast in the backward pass: no float32 copy kept
+                x32 = tf.cast(x, tf.float32)
+            dx = tf.cast(tf.matmul(dy32, w, transpose_b=True), x.dtype)
+            return dx, None, tf.matmul(_rows(x32), _rows(dy32), transpose_a=True)
 
-        return matmul(x, w16), grad
+        if upcast:
+            return tf.cast(matmul(tf.cast(x, tf.float32), w), x.dtype), grad
+        return matmul(x, w), grad
 
-    return product(x, w16, w32)
+    return product(x, w, w32)
+
+
+def _upcast_matmul(x, w16, matmul):
+    """`matmul(x, w16)` (both 16-bit) from float32 kernels on exact upcasts, each product rounded once."""
+
+    @custom_gradient(transparent=True)  # the gradient of the same product, from float32 kernels
+    def product(x, w16):
+        def grad(dy):
+            dy32 = tf.cast(dy, tf.float32)
+            with tf.control_dependencies([dy]):  # upcast in the backward pass: no float32 copies kept
+                x32, w32 = tf.cast(x, tf.float32), tf.cast(w16, tf.float32)
+            dx = tf.matmul(dy32, w32, transpose_b=True)
+            dw = tf.matmul(_rows(x32), _rows(dy32), transpose_a=True)
+            return tf.cast(dx, x.dtype), tf.cast(dw, w16.dtype)
+
+        return tf.cast(matmul(tf.cast(x, tf.float32), tf.cast(w16, tf.float32)), x.dtype), grad
+
+    return product(x, w16)

@@ -24,7 +24,6 @@ operands of two dtypes (Keras's error, as without keras_amp).
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import tensorflow as tf
@@ -37,22 +36,6 @@ from keras_amp.op_rules.table import XLA_CONTEXT
 _in_xla_context = _compat.original(XLA_CONTEXT)  # the rule is installed only where it is found (table.RELIED_ON)
 
 
-def emulated_on(device: hardware.DeviceInfo, dtype: str) -> bool:
-    """Whether `device` runs `dtype` ("bfloat16" or "float16") convolutions with Eigen's kernels: a CPU
-    alone, without oneDNN's native bfloat16 for bfloat16, without float16 instructions for float16."""
-    if device.gpus or device.tpu_count:
-        return False
-    if dtype == "float16":
-        return not any(flag in device.cpu_flags for flag in hardware.FP16_CPU_FLAGS)
-    return not device.cpu_fast_bfloat16
-
-
-@functools.lru_cache(maxsize=None)
-def emulated(dtype: str) -> bool:
-    """`emulated_on` this machine's devices, observed once per dtype."""
-    return emulated_on(hardware.detect(), dtype)
-
-
 def _float32_gradients(original: Callable, operands: int) -> Callable:
     """`original` (a TF-backend convolution whose first `operands` positional arguments are its input and
     kernels, as Keras's ops pass them) with the gradients of the module doc; every other call is the
@@ -62,7 +45,7 @@ def _float32_gradients(original: Callable, operands: int) -> Callable:
         tensors, rest = args[:operands], args[operands:]
         dtype = dense_dtype(tensors[0]) if tensors else None
         if (len(tensors) < operands or dtype not in ("bfloat16", "float16")
-                or any(dense_dtype(k) != dtype for k in tensors[1:]) or not emulated(dtype)
+                or any(dense_dtype(k) != dtype for k in tensors[1:]) or not hardware.emulated(dtype)
                 or (not tf.executing_eagerly() and _in_xla_context(tf.compat.v1.get_default_graph()))):
             return original(*args, **kwargs)
 

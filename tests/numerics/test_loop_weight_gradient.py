@@ -11,8 +11,9 @@ import pytest
 import tensorflow as tf
 
 import keras_amp
+from keras_amp import hardware
 from keras_amp.numerics import islands
-from tests.helpers import np64, while_bodies
+from tests.helpers import gradient_function, np64, while_bodies
 
 STEPS = 512  # a bfloat16 sum of 1.0s stops at 256 = 2^8
 
@@ -128,9 +129,11 @@ def _relative_errors(model, x, w_out, reference):
     return [np.linalg.norm(np64(g) - r) / np.linalg.norm(r) for g, r in zip(gradients(), reference)]
 
 
+@pytest.mark.parametrize("emulated", [False, True], ids=["native", "emulated"])  # float32 kernels or not
 @pytest.mark.parametrize("kind", ["recipe", "keras_amp"])
 @pytest.mark.parametrize("cls", ["LSTM", "GRU"])
-def test_kernel_gradients_of_a_long_sequence_match_float64(kind, cls, monkeypatch):
+def test_kernel_gradients_of_a_long_sequence_match_float64(kind, cls, emulated, monkeypatch):
+    monkeypatch.setattr(hardware, "emulated", lambda dtype: emulated)
     rng = np.random.default_rng(1)
     x = rng.standard_normal((B, T, D)).astype("float32")
     w_out = rng.standard_normal((B, T, UNITS))
@@ -138,8 +141,10 @@ def test_kernel_gradients_of_a_long_sequence_match_float64(kind, cls, monkeypatc
     reference = _reference_gradients(cls, layer.get_weights(), x, w_out)
     keras_amp.enable("mixed_bfloat16")  # the rules trace the model's step below
     ours = _relative_errors(model, x, w_out, reference)
-    # The same layer with the kernels' gradients summed in bfloat16 (the cast's gradient, as before).
-    monkeypatch.setattr(islands, "_float32_summed_matmul", lambda x, w16, w32, matmul: matmul(x, w16))
+    # The same layer with the kernels' gradients summed in bfloat16 (the cast's gradient, as before),
+    # from 16-bit kernels (with float32 ones, the captured weight is float32 and so is its sum).
+    monkeypatch.setattr(hardware, "emulated", lambda dtype: False)
+    monkeypatch.setattr(islands, "_float32_summed_matmul", lambda x, w, w32, matmul: matmul(x, w))
     sixteen = _relative_errors(model, x, w_out, reference)
     bound = 1e-2  # ours 4.8e-3 to 6.7e-3, the 16-bit sum 1.8e-2 to 2.0e-2 (bfloat16's 2^-8 = 3.9e-3)
     assert max(ours[:2]) < bound, ours
@@ -158,14 +163,8 @@ def test_the_time_loop_keeps_no_weight_per_step(kind, cls):
     if kind == "recipe":
         keras_amp.apply_recipe(model, "rnn")
 
-    @tf.function
-    def gradients(x):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(tf.cast(model(x), tf.float32))
-        return tape.gradient(loss, model.trainable_variables)
-
     # Batch 5: no activation has a weight's shape.
-    graph = gradients.get_concrete_function(tf.TensorSpec((5, 4, 3))).graph
+    graph = gradient_function(model).get_concrete_function(tf.TensorSpec((5, 4, 3))).graph
     weight_shapes = {tuple(w.shape) for w in model.trainable_variables}
     weight_shapes |= {(s[0], s[1] // 3) for s in weight_shapes if len(s) == 2}  # the GRU's column blocks
     pushed = [tuple(op.inputs[1].shape) for body in while_bodies(graph)

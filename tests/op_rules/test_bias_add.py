@@ -9,7 +9,7 @@ import keras_amp
 from keras_amp import hardware
 from keras_amp.diagnostics import audit
 from keras_amp.custom_gradient import custom_gradient
-from keras_amp.op_rules import bias_add, conv_gradient
+from keras_amp.op_rules import bias_add
 from tests.helpers import as_matmul_result, matmul_roundoff
 
 pytestmark = pytest.mark.usefixtures("no_op_rules")
@@ -114,7 +114,7 @@ LAYERS = {
 @pytest.mark.parametrize("name", LAYERS)
 def test_layer_bias_gradient_matches_float64_where_stock_is_far_off(name, graph, monkeypatch):
     # The bias rule alone: a convolution's own gradients stay TensorFlow's (the conv-gradient rule's tests).
-    monkeypatch.setattr(conv_gradient, "emulated", lambda dtype: False)
+    monkeypatch.setattr(hardware, "emulated", lambda dtype: False)
     make, shape = LAYERS[name]
     _, _, upstream, stock, ours = _stock_and_ours(make, shape, graph, 1, shift=2.0)
     for a, b in zip(stock[:2], ours[:2]):  # the output and the input's gradient: stock's, bit for bit

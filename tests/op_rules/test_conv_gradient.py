@@ -25,7 +25,7 @@ LAYERS = {
 @pytest.fixture
 def rule_on(monkeypatch):
     """The rule installed and taken, as on a CPU without 16-bit convolution kernels (any machine)."""
-    monkeypatch.setattr(conv_gradient, "emulated", lambda dtype: True)
+    monkeypatch.setattr(hardware, "emulated", lambda dtype: True)
 
 
 def _gradients(layer, x, upstream, jit_compile=False):
@@ -154,7 +154,7 @@ def test_depthwise_separable_and_transposed_gradients_are_float32_sums_rounded_o
 
 
 def test_stock_eigen_kernels_are_far_off_where_the_rule_is_taken():
-    if not conv_gradient.emulated_on(hardware.detect(), "bfloat16"):
+    if not hardware.detect().emulates("bfloat16"):
         pytest.skip("this CPU runs bfloat16 convolutions natively (oneDNN): stock's kernels are not Eigen's")
     make, shape = LAYERS["conv2d_strided"]
     rng = np.random.default_rng(1)
@@ -173,14 +173,18 @@ def test_stock_eigen_kernels_are_far_off_where_the_rule_is_taken():
 
 def test_left_to_keras_with_16bit_kernels_under_xla_and_for_two_dtypes(monkeypatch):
     cpu = dict(cpu_model="AMD EPYC", onednn_enabled=True)
-    assert conv_gradient.emulated_on(hardware.DeviceInfo(cpu_flags={"avx2"}, **cpu), "bfloat16")
-    assert conv_gradient.emulated_on(hardware.DeviceInfo(cpu_flags={"avx512_bf16"}, onednn_enabled=False), "bfloat16")
-    assert not conv_gradient.emulated_on(ZEN4, "bfloat16") and conv_gradient.emulated_on(ZEN4, "float16")
+    assert hardware.DeviceInfo(cpu_flags={"avx2"}, **cpu).emulates("bfloat16")
+    assert hardware.DeviceInfo(cpu_flags={"avx512_bf16"}, onednn_enabled=False).emulates("bfloat16")
+    assert not ZEN4.emulates("bfloat16") and ZEN4.emulates("float16")
     xeon = hardware.DeviceInfo(cpu_flags={"amx_bf16", "avx512_fp16"}, **cpu)  # float16 not measured there: Keras's
-    assert not conv_gradient.emulated_on(xeon, "bfloat16") and not conv_gradient.emulated_on(xeon, "float16")
-    assert not any(conv_gradient.emulated_on(gpus((8, 0)), d) for d in ("bfloat16", "float16"))
-    assert not conv_gradient.emulated_on(hardware.DeviceInfo(tpu_count=8), "bfloat16")
-    assert conv_gradient.emulated("bfloat16") == conv_gradient.emulated_on(hardware.detect(), "bfloat16")
+    assert not xeon.emulates("bfloat16") and not xeon.emulates("float16")
+    assert not any(gpus((8, 0)).emulates(d) for d in ("bfloat16", "float16"))
+    assert not hardware.DeviceInfo(tpu_count=8).emulates("bfloat16")
+    assert hardware.emulated("bfloat16") == hardware.detect().emulates("bfloat16")
+    with pytest.raises(ValueError, match="`dtype`.*'float32'.*Allowed: 'bfloat16', 'float16'"):
+        ZEN4.emulates("float32")
+    with pytest.raises(TypeError, match="`dtype`"):
+        ZEN4.emulates(tf.bfloat16)
 
     make, shape = LAYERS["conv2d_strided"]
     layer = make("mixed_bfloat16")
@@ -192,9 +196,9 @@ def test_left_to_keras_with_16bit_kernels_under_xla_and_for_two_dtypes(monkeypat
     def backprop_dtypes(graph):
         return {op.outputs[0].dtype.name for op in graph.get_operations() if "Conv2DBackprop" in op.type}
 
-    monkeypatch.setattr(conv_gradient, "emulated", lambda dtype: False)  # a CPU with native bfloat16, a GPU
+    monkeypatch.setattr(hardware, "emulated", lambda dtype: False)  # a CPU with native bfloat16, a GPU
     assert backprop_dtypes(_gradients(layer, x, upstream)[1]) == {"bfloat16"}
-    monkeypatch.setattr(conv_gradient, "emulated", lambda dtype: True)
+    monkeypatch.setattr(hardware, "emulated", lambda dtype: True)
     assert backprop_dtypes(_gradients(layer, x, upstream)[1]) == {"float32"}  # guard: taken here
     xla = _gradients(layer, x, upstream, jit_compile=True)[1]  # XLA: its own kernels
     assert backprop_dtypes(xla) == {"bfloat16"}

@@ -1,0 +1,97 @@
+"""16-bit weight matmuls from float32 kernels where the CPU has no 16-bit ones (`islands.weight_matmul`).
+
+Eigen's bfloat16 MatMul (no oneDNN: AVX2-only CPUs) and float16 MatMul (CPUs without float16
+instructions) are slower than its float32 one, and the bfloat16 one truncates its sums. There the RNN
+cells' and the matmul rule's weight products, forward and backward, are float32 kernels' on exact
+upcasts, each rounded once. `hardware.emulated` is set here, so both paths run on any machine.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_amp
+from keras_amp import hardware
+from keras_amp.numerics import islands
+from tests.helpers import UNIT_ROUNDOFF, gradient_function, np64, while_bodies
+
+
+def _matmul_dtypes(graph):
+    """The output dtypes of the MatMul ops in `graph`, its functions and their while bodies."""
+    found = {op.outputs[0].dtype.name for op in graph.get_operations() if op.type == "MatMul"}
+    for f in graph._functions.values():
+        found |= _matmul_dtypes(f.graph)
+    return found
+
+
+@pytest.fixture(params=[True, False], ids=["emulated", "native"])
+def emulated(request, monkeypatch):
+    monkeypatch.setattr(hardware, "emulated", lambda dtype: request.param)
+    return request.param
+
+
+def test_float32_kernels_only_for_16_bits_on_an_emulating_device_outside_xla(monkeypatch):
+    monkeypatch.setattr(hardware, "emulated", lambda dtype: dtype == "bfloat16")
+    assert islands.float32_kernels(tf.bfloat16) and islands.float32_kernels("bfloat16")
+    assert not islands.float32_kernels("float16")  # this "device" has float16 kernels
+    assert not islands.float32_kernels("float32")
+    assert tf.function(lambda: tf.constant(islands.float32_kernels("bfloat16")))()
+    assert not tf.function(lambda: tf.constant(islands.float32_kernels("bfloat16")), jit_compile=True)()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_weight_product_and_its_gradients_are_rounded_once(dtype, monkeypatch):
+    monkeypatch.setattr(hardware, "emulated", lambda d: True)
+    rng = np.random.default_rng(0)
+    x = tf.cast(rng.standard_normal((48, 64)), dtype)
+    weight = keras.Variable(rng.standard_normal((64, 80)).astype("float32"))
+    dy = tf.cast(rng.standard_normal((48, 80)), dtype)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = islands.weight_matmul(x, weight, dtype)
+        return (y, *tape.gradient(y, [x, weight], output_gradients=dy))
+
+    y, dx, dw = step(x)
+    x64, w64, dy64 = np64(x), np64(tf.cast(weight, dtype)), np64(dy)
+    assert y.dtype == dtype and dx.dtype == dtype and dw.dtype == tf.float32
+    u = UNIT_ROUNDOFF[dtype]
+    for got, ref in ((y, x64 @ w64), (dx, dy64 @ w64.T), (dw, x64.T @ dy64)):
+        ref_once = np64(tf.cast(tf.constant(ref, tf.float32), dtype))  # the float32 sum rounded once
+        assert np.all(np.abs(np64(got) - ref) <= u * np.abs(ref) + 1e-5 * np.abs(ref).max())
+        assert np.mean(np64(got) == ref_once) > 0.99, np.mean(np64(got) == ref_once)
+    assert _matmul_dtypes(step.get_concrete_function(x).graph) == {"float32"}
+
+
+def _recipe_lstm(units=8):
+    keras_amp.enable("mixed_bfloat16")
+    inp = keras.Input((6, 5))
+    model = keras.Model(inp, keras.layers.LSTM(units, return_sequences=True)(inp))
+    return keras_amp.apply_recipe(model, "rnn")
+
+
+@pytest.mark.parametrize("kind", ["recipe", "keras_amp"])
+def test_an_rnn_step_multiplies_in_float32_only_where_the_device_emulates(kind, emulated):
+    if kind == "recipe":
+        model = _recipe_lstm()
+    else:
+        keras_amp.enable("mixed_bfloat16")
+        inp = keras.Input((6, 5))
+        model = keras.Model(inp, keras_amp.layers.GRU(8, return_sequences=True)(inp))
+
+    graph = gradient_function(model).get_concrete_function(tf.TensorSpec((3, 6, 5))).graph
+    assert list(while_bodies(graph))  # guard: the time loop's body and its gradient are traced
+    assert _matmul_dtypes(graph) == ({"float32"} if emulated else {"bfloat16"})
+
+
+def test_under_xla_the_products_stay_16_bit(monkeypatch):
+    monkeypatch.setattr(hardware, "emulated", lambda dtype: True)
+    model = _recipe_lstm()
+
+    gradients = gradient_function(model, jit_compile=True)
+    graph = gradients.get_concrete_function(tf.TensorSpec((3, 6, 5))).graph
+    assert _matmul_dtypes(graph) == {"bfloat16"}
+    assert all(np.all(np.isfinite(np64(g))) for g in gradients(tf.ones((3, 6, 5))))
