@@ -18,6 +18,7 @@ _GET_GLOBAL = _compat.original("keras.src.backend.common.global_state.get_global
 _WHILE_BODY = _compat.original("tensorflow.python.ops.control_flow_v2_func_graphs.WhileBodyFuncGraph")
 _COND_BRANCH = _compat.original("tensorflow.python.ops.control_flow_v2_func_graphs.CondBranchFuncGraph")
 _in_xla_context = _compat.original("tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext")
+_in_save_context = _compat.original("tensorflow.python.saved_model.save_context.in_save_context")
 
 
 def float32_variables():
@@ -106,8 +107,8 @@ def weight_matmul(x, weight, dtype, columns=None, matmul=tf.matmul):
     (tests/numerics/test_loop_weight_gradient.py). `matmul` computes the forward product.
 
     Where the CPU has no 16-bit matmul kernels of its own (`hardware.emulated`: Eigen's bfloat16
-    MatMul, slower than its float32 one and truncating its sums) and the step is not compiled with
-    XLA, the products forward and backward are float32 kernels' on exact upcasts of the 16-bit
+    MatMul, slower than its float32 one and truncating its sums), the step is not compiled with
+    XLA and no SavedModel is being written, the products forward and backward are float32 kernels' on exact upcasts of the 16-bit
     operands, each rounded once to `dtype` (the loop's weight gradient is not rounded: it is summed
     in float32). In the loop the weight's float32 upcast, made once before it, takes the place of its
     16-bit copy; the activation's upcast is made again in the backward pass rather than kept.
@@ -130,8 +131,9 @@ def weight_matmul(x, weight, dtype, columns=None, matmul=tf.matmul):
 def float32_kernels(dtype) -> bool:
     """Whether a 16-bit `dtype` matmul built now runs on float32 kernels (`weight_matmul`)."""
     dtype = tf.as_dtype(dtype)
-    if dtype not in (tf.bfloat16, tf.float16) or not hardware.emulated(dtype.name) or _in_xla_context is None:
-        return False
+    if (dtype not in (tf.bfloat16, tf.float16) or not hardware.emulated(dtype.name)
+            or _in_xla_context is None or _in_save_context is None or _in_save_context()):
+        return False  # a SavedModel being written keeps the 16-bit kernels: it may be served elsewhere
     return tf.executing_eagerly() or not _in_xla_context(tf.compat.v1.get_default_graph())
 
 

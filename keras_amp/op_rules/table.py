@@ -140,8 +140,9 @@ RULES: tuple[Rule, ...] = (
          "gates and state its hazard. A product by a weight runs on float32 kernels from the exact "
          "upcasts, forward and backward, each rounded once, on a CPU without 16-bit matmul kernels "
          "(Eigen's: no oneDNN bfloat16, no float16 instructions; slower than float32's, and the "
-         "bfloat16 one truncates), outside XLA; keras_amp.layers.LSTM and GRU's likewise. Only when "
-         "the innermost calling layer has the policy; every other matmul is the original"),
+         "bfloat16 one truncates), outside XLA and SavedModel export; keras_amp.layers.LSTM and GRU's "
+         "likewise. Only when the innermost calling layer has the policy; every other matmul is the "
+         "original"),
     Rule(UNAUTOCAST_WEIGHT_OP, "", "compute dtype", "float32", BOTH, "keras_amp", (MATMUL,),
          "a mixed layer that turned autocasting off (Keras's Embedding) multiplying a 16-bit activation by "
          "its own float32 weight: ReversibleEmbedding's reverse projection, keras-hub's vocabulary head, "

@@ -10,6 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
 
 import keras_amp
 from keras_amp import hardware
@@ -95,3 +96,20 @@ def test_under_xla_the_products_stay_16_bit(monkeypatch):
     graph = gradients.get_concrete_function(tf.TensorSpec((3, 6, 5))).graph
     assert _matmul_dtypes(graph) == {"bfloat16"}
     assert all(np.all(np.isfinite(np64(g))) for g in gradients(tf.ones((3, 6, 5))))
+
+
+def test_an_exported_model_keeps_the_16_bit_kernels(tmp_path, monkeypatch):
+    # A SavedModel may be served on another device (a GPU): the float32 kernels are this CPU's choice.
+    monkeypatch.setattr(hardware, "emulated", lambda dtype: True)
+    model = _recipe_lstm()
+    x = np.random.default_rng(0).standard_normal((3, 6, 5)).astype("float32")
+    model.export(str(tmp_path / "lstm"), verbose=False)
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((tmp_path / "lstm" / "saved_model.pb").read_bytes())
+    kernels = {tf.as_dtype(node.attr["T"].type).name for f in saved.meta_graphs[0].graph_def.library.function
+               for node in f.node_def if node.op == "MatMul"}
+    assert kernels == {"bfloat16"}
+    loaded = tf.saved_model.load(str(tmp_path / "lstm"))  # kept: its variables live as long as it does
+    served = loaded.serve(tf.constant(x))
+    assert _matmul_dtypes(tf.function(model).get_concrete_function(x).graph) == {"float32"}  # guard: taken here
+    np.testing.assert_allclose(np64(served), np64(model(x)), atol=0.05)
