@@ -5,7 +5,8 @@ piece of advice `enable` gives.
 oneDNN is fixed when TensorFlow starts, so the models train in a subprocess started with
 `TF_ENABLE_ONEDNN_OPTS=0`: a CNN (convolution, batch normalisation, ReLU: the fused batch-norm rule
 and the bias-gradient rule) and a Transformer block (layer normalisation: the fused layer-norm rule;
-attention scores, gelu and the cross-entropy: keras_amp's XLA kernels; dropout).
+attention scores, gelu and the cross-entropy: keras_amp's XLA kernels; dropout), and an LSTM under
+the "rnn" recipe (its weight matmuls on float32 kernels: Eigen's bfloat16 ones are slower).
 """
 
 import json
@@ -21,13 +22,14 @@ _CHILD = textwrap.dedent("""
     import tensorflow as tf
     import keras_amp
     from keras_amp import hardware
+    from keras_amp.numerics import islands
     from keras_amp.op_rules import bias_add, fused_layer_norm
     from keras_amp.policy import AmpWarning
     sys.path.insert(0, sys.argv[1])
     from helpers import live_ops
 
     out = {"onednn": hardware.detect().onednn_enabled, "layer_norm_fuses": fused_layer_norm.device_fuses(),
-           "bias_gradient": bias_add.gradient_method()}
+           "bias_gradient": bias_add.gradient_method(), "float32_kernels": islands.float32_kernels("bfloat16")}
     with warnings.catch_warnings(record=True) as advice:
         warnings.simplefilter("always")
         keras_amp.enable("mixed_bfloat16")
@@ -51,10 +53,16 @@ _CHILD = textwrap.dedent("""
         x = x + keras.layers.Dropout(0.1)(keras.layers.Dense(32)(keras.layers.Dense(64, activation="gelu")(h)))
         return keras.Model(inputs, keras.layers.Dense(64)(keras.layers.LayerNormalization()(x)))
 
+    def lstm():
+        x = inputs = keras.Input((16,), dtype="int32")
+        x = keras.layers.LSTM(32, return_sequences=True)(keras.layers.Embedding(64, 16)(x))
+        return keras_amp.apply_recipe(keras.Model(inputs, keras.layers.Dense(64)(x)), "rnn")
+
     rng = np.random.default_rng(0)
     data = {"cnn": (rng.normal(size=(16, 8, 8, 3)).astype("float32"), rng.integers(0, 10, 16)),
             "transformer": (rng.integers(0, 64, (16, 16)), rng.integers(0, 64, (16, 16)))}
-    for name, build in (("cnn", cnn), ("transformer", transformer)):
+    data["lstm"] = data["transformer"]
+    for name, build in (("cnn", cnn), ("transformer", transformer), ("lstm", lstm)):
         keras.utils.set_random_seed(0)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -86,7 +94,8 @@ def test_without_onednn_the_kernels_stay_out_and_nothing_warns():
     assert len(out["enable"]) == 1 and "oneDNN off" in out["enable"][0], out["enable"]
     # The kernels' choices: the op-by-op layer norm, the bias gradient as a float32-accumulating sum.
     assert out["layer_norm_fuses"] is False and out["bias_gradient"] == "sum"
-    for name in ("cnn", "transformer"):
+    assert out["float32_kernels"] is True  # an RNN's weight matmuls: float32 kernels on exact upcasts
+    for name in ("cnn", "transformer", "lstm"):
         result = out[name]
         assert result["warnings"] == [], (name, result["warnings"])
         assert all(0.0 < loss < 20.0 for loss in result["loss"]), (name, result["loss"])
