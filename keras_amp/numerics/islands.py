@@ -106,12 +106,12 @@ def weight_matmul(x, weight, dtype, columns=None, matmul=tf.matmul):
     ones stops at 256, and a 256-step LSTM's kernel gradients end 3-4x further from float64
     (tests/numerics/test_loop_weight_gradient.py). `matmul` computes the forward product.
 
-    Where the CPU has no 16-bit matmul kernels of its own (`hardware.emulated`: Eigen's bfloat16
-    MatMul, slower than its float32 one and truncating its sums), the step is not compiled with
-    XLA and no SavedModel is being written, the products forward and backward are float32 kernels' on exact upcasts of the 16-bit
-    operands, each rounded once to `dtype` (the loop's weight gradient is not rounded: it is summed
-    in float32). In the loop the weight's float32 upcast, made once before it, takes the place of its
-    16-bit copy; the activation's upcast is made again in the backward pass rather than kept.
+    Where the CPU has no 16-bit matmul kernels of its own (`float32_kernels`: Eigen's bfloat16 MatMul,
+    slower than its float32 one and truncating its sums), the products forward and backward are
+    float32 kernels' on exact upcasts of the 16-bit operands, each rounded once to `dtype` (the
+    loop's weight gradient is not rounded: it is summed in float32). In the loop the weight's float32
+    upcast, made once before it, takes the place of its 16-bit copy; the activation's upcast is made
+    again in the backward pass rather than kept.
     """
     upcast = float32_kernels(dtype)
     outer = _rnn_loop_outer_graph() if isinstance(weight, keras.Variable) else None
@@ -129,16 +129,31 @@ def weight_matmul(x, weight, dtype, columns=None, matmul=tf.matmul):
 
 
 def float32_kernels(dtype) -> bool:
-    """Whether a 16-bit `dtype` matmul built now runs on float32 kernels (`weight_matmul`)."""
+    """Whether a 16-bit `dtype` product (matmul, convolution) built now runs on float32 kernels from
+    exact upcasts: where this device's 16-bit kernels are Eigen's (`hardware.emulated`), outside XLA
+    (its own kernels) and outside a SavedModel being written (it may be served on another device)."""
     dtype = tf.as_dtype(dtype)
     if (dtype not in (tf.bfloat16, tf.float16) or not hardware.emulated(dtype.name)
             or _in_xla_context is None or _in_save_context is None or _in_save_context()):
-        return False  # a SavedModel being written keeps the 16-bit kernels: it may be served elsewhere
+        return False
     return tf.executing_eagerly() or not _in_xla_context(tf.compat.v1.get_default_graph())
 
 
 def _rows(t):
     return tf.reshape(t, [-1, t.shape[-1]])
+
+
+def _float32_forward(x, w, matmul):
+    """`matmul(x, w)` from float32 kernels on exact upcasts, rounded once to `x`'s dtype."""
+    return tf.cast(matmul(tf.cast(x, tf.float32), tf.cast(w, tf.float32)), x.dtype)
+
+
+def _float32_backward(x, w, dy):
+    """The float32 gradients (dx, dw) of `x @ w` from exact upcasts, made in the backward pass (not kept)."""
+    dy32 = tf.cast(dy, tf.float32)
+    with tf.control_dependencies([dy]):
+        x32, w32 = tf.cast(x, tf.float32), tf.cast(w, tf.float32)
+    return tf.matmul(dy32, w32, transpose_b=True), tf.matmul(_rows(x32), _rows(dy32), transpose_a=True)
 
 
 def _float32_summed_matmul(x, w, w32, matmul):
@@ -149,19 +164,14 @@ def _float32_summed_matmul(x, w, w32, matmul):
     @tf.custom_gradient
     def product(x, w, w32):
         def grad(dy):
-            if not upcast:
-                dx = tf.matmul(dy, w, transpose_b=True)
-                dw = tf.matmul(_rows(x), _rows(dy), transpose_a=True)
-                return dx, None, tf.cast(dw, w32.dtype)
-            dy32 = tf.cast(dy, tf.float32)
-            with tf.control_dependencies([dy]):  # upcast in the backward pass: no float32 copy kept
-                x32 = tf.cast(x, tf.float32)
-            dx = tf.cast(tf.matmul(dy32, w, transpose_b=True), x.dtype)
-            return dx, None, tf.matmul(_rows(x32), _rows(dy32), transpose_a=True)
+            if upcast:
+                dx, dw = _float32_backward(x, w, dy)
+                return tf.cast(dx, x.dtype), None, dw
+            dx = tf.matmul(dy, w, transpose_b=True)
+            dw = tf.matmul(_rows(x), _rows(dy), transpose_a=True)
+            return dx, None, tf.cast(dw, w32.dtype)
 
-        if upcast:
-            return tf.cast(matmul(tf.cast(x, tf.float32), w), x.dtype), grad
-        return matmul(x, w), grad
+        return (_float32_forward(x, w, matmul) if upcast else matmul(x, w)), grad
 
     return product(x, w, w32)
 
@@ -172,13 +182,9 @@ def _upcast_matmul(x, w16, matmul):
     @custom_gradient(transparent=True)  # the gradient of the same product, from float32 kernels
     def product(x, w16):
         def grad(dy):
-            dy32 = tf.cast(dy, tf.float32)
-            with tf.control_dependencies([dy]):  # upcast in the backward pass: no float32 copies kept
-                x32, w32 = tf.cast(x, tf.float32), tf.cast(w16, tf.float32)
-            dx = tf.matmul(dy32, w32, transpose_b=True)
-            dw = tf.matmul(_rows(x32), _rows(dy32), transpose_a=True)
+            dx, dw = _float32_backward(x, w16, dy)
             return tf.cast(dx, x.dtype), tf.cast(dw, w16.dtype)
 
-        return tf.cast(matmul(tf.cast(x, tf.float32), tf.cast(w16, tf.float32)), x.dtype), grad
+        return _float32_forward(x, w16, matmul), grad
 
     return product(x, w16)

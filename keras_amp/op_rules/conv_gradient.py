@@ -18,8 +18,9 @@ kernel: it stays Keras's, in the 16-bit dtype, and only its gradients are the ru
 
 Left to Keras: a GPU or TPU, a CPU whose oneDNN runs bfloat16 natively (for bfloat16; its float16
 convolutions are Eigen's too, unless the CPU has float16 instructions, where oneDNN may run them and
-nothing was measured), a step compiled with XLA (`jit_compile=True`: XLA's own kernels), and
-operands of two dtypes (Keras's error, as without keras_amp).
+nothing was measured), a step compiled with XLA (`jit_compile=True`: XLA's own kernels), a
+SavedModel being written, and operands of two dtypes (Keras's error, as without keras_amp): the
+decision is `numerics.islands.float32_kernels`, the RNN weight matmuls' too.
 """
 
 from __future__ import annotations
@@ -28,12 +29,9 @@ from typing import Callable
 
 import tensorflow as tf
 
-from keras_amp import _compat, hardware
 from keras_amp.custom_gradient import custom_gradient
+from keras_amp.numerics.islands import float32_kernels
 from keras_amp.op_rules.bias_add import dense_dtype
-from keras_amp.op_rules.table import XLA_CONTEXT
-
-_in_xla_context = _compat.original(XLA_CONTEXT)  # the rule is installed only where it is found (table.RELIED_ON)
 
 
 def _float32_gradients(original: Callable, operands: int) -> Callable:
@@ -45,8 +43,7 @@ def _float32_gradients(original: Callable, operands: int) -> Callable:
         tensors, rest = args[:operands], args[operands:]
         dtype = dense_dtype(tensors[0]) if tensors else None
         if (len(tensors) < operands or dtype not in ("bfloat16", "float16")
-                or any(dense_dtype(k) != dtype for k in tensors[1:]) or not hardware.emulated(dtype)
-                or (not tf.executing_eagerly() and _in_xla_context(tf.compat.v1.get_default_graph()))):
+                or any(dense_dtype(k) != dtype for k in tensors[1:]) or not float32_kernels(dtype)):
             return original(*args, **kwargs)
 
         def convolve(*operand_values):
