@@ -119,7 +119,7 @@ def weight_matmul(x, weight, dtype, columns=None, matmul=tf.matmul):
         w = float32_value(weight) if isinstance(weight, keras.Variable) else weight
         w = w if columns is None else w[:, columns]
         w16 = tf.cast(w, dtype)
-        return _upcast_matmul(x, w16, matmul) if upcast else matmul(x, w16)
+        return upcast_matmul(x, w16, matmul) if upcast else matmul(x, w16)
     with outer.as_default():
         w32 = float32_value(weight)
         w32 = w32 if columns is None else w32[:, columns]
@@ -149,11 +149,15 @@ def _float32_forward(x, w, matmul):
 
 
 def _float32_backward(x, w, dy):
-    """The float32 gradients (dx, dw) of `x @ w` from exact upcasts, made in the backward pass (not kept)."""
+    """The float32 gradients (dx, dw) of `x @ w` (`x` of rank 2 or more, `w` 2-D) from exact upcasts,
+    made in the backward pass (not kept); both as 2-D matmuls of the rows."""
     dy32 = tf.cast(dy, tf.float32)
     with tf.control_dependencies([dy]):
         x32, w32 = tf.cast(x, tf.float32), tf.cast(w, tf.float32)
-    return tf.matmul(dy32, w32, transpose_b=True), tf.matmul(_rows(x32), _rows(dy32), transpose_a=True)
+    dx = tf.matmul(_rows(dy32), w32, transpose_b=True)
+    if dy.shape.rank != 2:
+        dx = tf.reshape(dx, tf.shape(x))
+    return dx, tf.matmul(_rows(x32), _rows(dy32), transpose_a=True)
 
 
 def _float32_summed_matmul(x, w, w32, matmul):
@@ -176,8 +180,9 @@ def _float32_summed_matmul(x, w, w32, matmul):
     return product(x, w, w32)
 
 
-def _upcast_matmul(x, w16, matmul):
-    """`matmul(x, w16)` (both 16-bit) from float32 kernels on exact upcasts, each product rounded once."""
+def upcast_matmul(x, w16, matmul=tf.matmul):
+    """`matmul(x, w16)` (`x` 16-bit of rank 2 or more, `w16` a 2-D weight of its dtype) from float32
+    kernels on exact upcasts, each product rounded once, forward and backward (`float32_kernels`)."""
 
     @custom_gradient(transparent=True)  # the gradient of the same product, from float32 kernels
     def product(x, w16):

@@ -17,7 +17,9 @@ nothing else reads it yet (it was made inside Keras's `einsum`), and leaves the 
 consumer, to be pruned. Only where one operand is rank 3 or more and the other a 2-D weight (a
 variable's value: an einsum of two activations may be an attention score term, which the scores
 rule finds by its matmul), the first not adjointed, both of the result's 16-bit dtype. Any other
-einsum, and eager execution, is Keras's.
+einsum, and eager execution, is Keras's. Where the device's 16-bit matmul kernels are Eigen's
+(`numerics.islands.float32_kernels`), the 2-D matmul is float32 kernels' on exact upcasts, rounded
+once, forward and backward (the matmul rule's third case).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Callable
 import tensorflow as tf
 
 from keras_amp.dtypes import LOW_PRECISION
+from keras_amp.numerics.islands import float32_kernels, upcast_matmul
 from keras_amp.op_rules.dataflow import is_weight
 
 _BATCH_MATMULS = ("BatchMatMulV2", "BatchMatMulV3")
@@ -63,7 +66,11 @@ def as_rows(y: tf.Tensor) -> tf.Tensor | None:
     if found is None:
         return None
     a, b, transpose_b = found
-    rows = tf.matmul(tf.reshape(a, [-1, a.shape[-1]]), b, transpose_b=transpose_b)
+    rows = tf.reshape(a, [-1, a.shape[-1]])
+    if float32_kernels(rows.dtype):  # Eigen's 16-bit kernels: float32 ones on exact upcasts (matmul rule)
+        rows = upcast_matmul(rows, tf.transpose(b) if transpose_b else b)
+    else:
+        rows = tf.matmul(rows, b, transpose_b=transpose_b)
     if shape is None:
         shape = tf.concat([tf.shape(a)[:-1], tf.shape(rows)[-1:]], 0)
     out = tf.reshape(rows, shape)

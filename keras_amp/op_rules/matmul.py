@@ -25,6 +25,15 @@ the activation's 16-bit dtype, float32 accumulation and the float32 result Keras
 weight is then read only through a 16-bit cast, so a frozen one is stored in 16 bits
 (`keras_amp.memory`) with the same results. A float32 activation (`reverse_dtype="float32"`, an
 explicit choice) is left alone, and so is every matmul with autocasting on.
+
+A third case, `upcast_weight`: where this device's 16-bit matmul kernels are Eigen's (bfloat16
+without oneDNN, as on an AVX2-only CPU; float16 on a CPU without float16 instructions), which are
+slower than its float32 kernels and truncate their sums (`numerics.islands.float32_kernels`), a
+16-bit activation times a 2-D weight of its dtype (Dense, and a weight Keras's autocast reads) is
+computed from float32 kernels on exact upcasts of both operands, forward and backward, each product
+rounded once to the 16-bit dtype: the product Keras asks for, rounded once where Eigen truncates.
+The einsum-rows rule does the same for EinsumDense. Products of two activations (attention scores)
+are the scores rules'. Not under XLA, nor in a SavedModel being written.
 """
 
 from __future__ import annotations
@@ -36,8 +45,10 @@ import tensorflow as tf
 
 from keras_amp.dtypes import LOW_PRECISION
 from keras_amp.matmul16_policy import Matmul16DTypePolicy
-from keras_amp.numerics.islands import autocast_scope_dtype, calling_layers, cast_weight, weight_matmul
+from keras_amp.numerics.islands import (autocast_scope_dtype, calling_layers, cast_weight, float32_kernels,
+                                        upcast_matmul, weight_matmul)
 from keras_amp.numerics.logits_matmul import float32_logits
+from keras_amp.op_rules.dataflow import is_weight
 
 # Ops between a variable's read and a matmul operand that only move values (a tied head transposes).
 _MOVES = ("Identity", "Transpose")
@@ -93,6 +104,22 @@ def unautocast_weight(x1: Any, x2: Any) -> str | None:
     return low if _is_weight_read(x2) else None
 
 
+def upcast_weight(x1: Any, x2: Any) -> bool:
+    """Whether `x1 @ x2` is a 16-bit activation (rank 2 or more) times a 2-D weight read in its
+    dtype (an autocast variable, or a variable's value in graph mode), built where this device's
+    16-bit matmul kernels are Eigen's (`islands.float32_kernels`): module doc."""
+    if not (_dense(x1) and _dense(x2)) or len(getattr(x1, "shape", ())) < 2 or len(getattr(x2, "shape", ())) != 2:
+        return False
+    dtypes = [getattr(x, "dtype", None) for x in (x1, x2)]
+    if any(d is None for d in dtypes):
+        return False
+    low = keras.backend.standardize_dtype(dtypes[0])
+    if low not in LOW_PRECISION or keras.backend.standardize_dtype(dtypes[1]) != low:
+        return False
+    weight = isinstance(x2, keras.Variable) or (not tf.executing_eagerly() and hasattr(x2, "op") and is_weight(x2))
+    return weight and float32_kernels(low)
+
+
 def matmul16(original: Callable) -> Callable:
     def matmul(x1, x2):
         policy = matmul16_policy()
@@ -100,6 +127,8 @@ def matmul16(original: Callable) -> Callable:
             low = unautocast_weight(x1, x2)
             if low is not None:
                 return float32_logits(x1, tf.cast(x2, low))
+            if upcast_weight(x1, x2):
+                return upcast_matmul(tf.convert_to_tensor(x1), tf.convert_to_tensor(x2), original)
             return original(x1, x2)
         if not (_dense(x1) and _dense(x2)):
             return original(x1, x2)

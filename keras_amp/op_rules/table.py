@@ -79,6 +79,7 @@ CONV_GRADIENT_OP = ("convolution (Conv, DepthwiseConv, SeparableConv, ConvTransp
 EINSUM_ROWS_OP = "einsum of an activation by a weight (EinsumDense's equations), graph mode"
 MATMUL16_OP = "matmul in a layer with a Matmul16DTypePolicy (the \"rnn\" recipe's recurrences)"
 UNAUTOCAST_WEIGHT_OP = "matmul of a 16-bit activation by a weight read without autocasting"
+UPCAST_WEIGHT_OP = "matmul or einsum of a 16-bit activation by a weight on a CPU without 16-bit matmul kernels"
 ATTENTION_OP = "MultiHeadAttention scores (QK^T, scale, mask, softmax)"
 GELU_BACKWARD_OP = "gelu, backward pass"
 SCORES_OP = "attention scores feeding softmax / log_softmax (any matmul, einsum or `@` of two activations)"
@@ -164,6 +165,13 @@ RULES: tuple[Rule, ...] = (
          "kernels from exact upcasts, each rounded once (the depthwise and separable ones too; a transposed "
          "convolution's forward pass, itself an input-gradient kernel, stays Keras's). Not on a GPU, TPU or a CPU "
          "with native bfloat16 (for bfloat16), nor under XLA"),
+    Rule(UPCAST_WEIGHT_OP, "", "float32", "input dtype", BOTH, "keras_amp", (MATMUL, EINSUM),
+         "speed and rounding: without oneDNN's native bfloat16 (AVX2-only CPUs, oneDNN off), and for float16 on "
+         "a CPU without float16 instructions, TensorFlow's 16-bit matmuls are Eigen's, slower than its float32 "
+         "ones and truncating their sums (bfloat16). Dense's and "
+         "EinsumDense's products (an autocast weight, or a variable's value in graph mode) run on float32 "
+         "kernels from exact upcasts, forward and backward, each rounded once. Not on other devices, under XLA "
+         "or in SavedModel export; two activations' products are the scores rules'"),
     Rule(EINSUM_ROWS_OP, "", "compute dtype", "compute dtype", BOTH, "keras_amp", (EINSUM,),
          "Keras's TF einsum writes an EinsumDense as a batched matmul by the kernel broadcast over the batch: "
          "its kernel gradient is a product per batch element, each rounded to 16 bits, then summed (57.6% "

@@ -1,9 +1,10 @@
-"""16-bit weight matmuls from float32 kernels where the CPU has no 16-bit ones (`islands.weight_matmul`).
+"""16-bit weight matmuls from float32 kernels where the CPU has no 16-bit ones (`islands.float32_kernels`).
 
 Eigen's bfloat16 MatMul (no oneDNN: AVX2-only CPUs) and float16 MatMul (CPUs without float16
 instructions) are slower than its float32 one, and the bfloat16 one truncates its sums. There the RNN
-cells' and the matmul rule's weight products, forward and backward, are float32 kernels' on exact
-upcasts, each rounded once. `hardware.emulated` is set here, so both paths run on any machine.
+cells' weight products (`islands.weight_matmul`) and every Dense's and EinsumDense's (the matmul and
+einsum-rows rules), forward and backward, are float32 kernels' on exact upcasts, each rounded once.
+`hardware.emulated` is set here, so both paths run on any machine.
 """
 
 import keras
@@ -15,7 +16,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 import keras_amp
 from keras_amp import hardware
 from keras_amp.numerics import islands
-from tests.helpers import UNIT_ROUNDOFF, gradient_function, np64, while_bodies
+from tests.helpers import UNIT_ROUNDOFF, gradient_function, live_ops, np64, while_bodies
 
 
 def _matmul_dtypes(graph):
@@ -113,3 +114,58 @@ def test_an_exported_model_keeps_the_16_bit_kernels(tmp_path, monkeypatch):
     served = loaded.serve(tf.constant(x))
     assert _matmul_dtypes(tf.function(model).get_concrete_function(x).graph) == {"float32"}  # guard: taken here
     np.testing.assert_allclose(np64(served), np64(model(x)), atol=0.05)
+
+
+# A layer, its input shape, and its kernel as the 2-D matrix the product multiplies by.
+LAYERS = {
+    "dense_rows": (lambda: keras.layers.Dense(80), (48, 64), lambda k: k),
+    "dense_sequence": (lambda: keras.layers.Dense(80), (4, 12, 64), lambda k: k),
+    "einsum_heads": (lambda: keras.layers.EinsumDense("abc,cde->abde", (12, 4, 20), bias_axes="de"), (4, 12, 64),
+                     lambda k: k.reshape(64, 80)),
+    "einsum_transposed": (lambda: keras.layers.EinsumDense("abc,dc->abd", (12, 80), bias_axes="d"), (4, 12, 64),
+                          lambda k: k.T),
+    "einsum_merge_heads": (lambda: keras.layers.EinsumDense("abcd,cde->abe", (12, 80), bias_axes="e"),
+                           (4, 12, 4, 16), lambda k: k.reshape(64, 80)),
+}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("kind", LAYERS)
+def test_a_layer_s_weight_product_is_rounded_once_forward_and_backward(kind, dtype, emulated):
+    build, shape, as_matrix = LAYERS[kind]
+    keras_amp.enable(f"mixed_{dtype}")
+    layer = build()
+    layer.build(shape)
+    rng = np.random.default_rng(1)
+    layer.set_weights([rng.standard_normal(w.shape).astype("float32") for w in layer.get_weights()])
+    x = tf.cast(rng.standard_normal(shape), dtype)
+    dy = tf.cast(rng.standard_normal(layer.compute_output_shape(shape)), dtype)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x)
+        return (y, *tape.gradient(y, [x, layer.kernel], output_gradients=dy))
+
+    y, dx, dkernel = step(x)
+    graph = step.get_concrete_function(x).graph
+    kernels = {op.outputs[0].dtype.name for op in live_ops(graph) if "MatMul" in op.type or op.type == "Einsum"}
+    assert kernels == ({"float32"} if emulated else {dtype})
+    if not emulated:
+        return  # TF's own kernels: their rounding is the device's (tests/helpers.matmul_rounding)
+    rows = lambda t: np64(t).reshape(-1, 80)
+    w64 = as_matrix(np64(tf.cast(layer.kernel.value, dtype)))
+    x64, dy64 = np64(x).reshape(-1, 64), rows(dy)
+    r16 = lambda a: np64(tf.cast(tf.constant(a, tf.float32), dtype))  # a float64 value rounded once
+    product = x64 @ w64
+    bias = np64(tf.cast(layer.bias.value, dtype)).reshape(-1)
+    u = UNIT_ROUNDOFF[dtype]
+    checks = (
+        (rows(y), r16(r16(product) + bias), product + bias),  # Keras adds the bias to the rounded product
+        (np64(dx).reshape(-1, 64), r16(dy64 @ w64.T), dy64 @ w64.T),
+        (as_matrix(np64(dkernel)), r16(x64.T @ dy64), x64.T @ dy64),
+    )
+    for got, once, exact in checks:
+        assert np.all(np.abs(got - exact) <= 2 * u * np.abs(exact) + 1e-3 * np.abs(exact).max())
+        assert np.mean(got == once) > 0.99, (kind, np.mean(got == once))
