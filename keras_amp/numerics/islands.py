@@ -140,7 +140,9 @@ def float32_kernels(dtype) -> bool:
 
 
 def _rows(t):
-    return tf.reshape(t, [-1, t.shape[-1]])
+    """`t` as a 2-D matrix of its rows (its last axis kept; known statically or not)."""
+    last = t.shape[-1] if t.shape.rank is not None else None
+    return tf.reshape(t, [-1, last if last is not None else tf.shape(t)[-1]])
 
 
 def _float32_forward(x, w, matmul):

@@ -27,6 +27,11 @@ def _matmul_dtypes(graph):
     return found
 
 
+def _live_kernels(graph):
+    """The output dtypes of the matmuls and einsums the outputs of `graph` depend on."""
+    return {op.outputs[0].dtype.name for op in live_ops(graph) if "MatMul" in op.type or op.type == "Einsum"}
+
+
 @pytest.fixture(params=[True, False], ids=["emulated", "native"])
 def emulated(request, monkeypatch):
     monkeypatch.setattr(hardware, "emulated", lambda dtype: request.param)
@@ -149,9 +154,7 @@ def test_a_layer_s_weight_product_is_rounded_once_forward_and_backward(kind, dty
         return (y, *tape.gradient(y, [x, layer.kernel], output_gradients=dy))
 
     y, dx, dkernel = step(x)
-    graph = step.get_concrete_function(x).graph
-    kernels = {op.outputs[0].dtype.name for op in live_ops(graph) if "MatMul" in op.type or op.type == "Einsum"}
-    assert kernels == ({"float32"} if emulated else {dtype})
+    assert _live_kernels(step.get_concrete_function(x).graph) == ({"float32"} if emulated else {dtype})
     if not emulated:
         return  # TF's own kernels: their rounding is the device's (tests/helpers.matmul_rounding)
     rows = lambda t: np64(t).reshape(-1, 80)
@@ -169,3 +172,27 @@ def test_a_layer_s_weight_product_is_rounded_once_forward_and_backward(kind, dty
     for got, once, exact in checks:
         assert np.all(np.abs(got - exact) <= 2 * u * np.abs(exact) + 1e-3 * np.abs(exact).max())
         assert np.mean(got == once) > 0.99, (kind, np.mean(got == once))
+
+
+def test_inputs_of_unknown_static_shape(monkeypatch):
+    # A function traced for any input shape: the rows are taken from the dynamic shape.
+    monkeypatch.setattr(hardware, "emulated", lambda dtype: True)
+    keras_amp.enable("mixed_bfloat16")
+    dense = keras.layers.Dense(8)
+    dense.build((None, 4))
+
+    @tf.function(input_signature=[tf.TensorSpec((None, None, None), tf.bfloat16)])
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = dense(x)
+        return (y, *tape.gradient(y, [x, dense.kernel]))
+
+    x = tf.cast(np.random.default_rng(2).standard_normal((2, 3, 4)), tf.bfloat16)
+    y, dx, dkernel = step(x)
+    w64, b64 = np64(tf.cast(dense.kernel.value, tf.bfloat16)), np64(tf.cast(dense.bias.value, tf.bfloat16))
+    assert _live_kernels(step.get_concrete_function().graph) == {"float32"}
+    np.testing.assert_allclose(np64(y), np64(x) @ w64 + b64, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(np64(dx), np.broadcast_to(w64.sum(1), (2, 3, 4)), rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(np64(dkernel), np.broadcast_to(np64(x).reshape(6, 4).sum(0)[:, None], (4, 8)),
+                               rtol=2e-2, atol=2e-2)
