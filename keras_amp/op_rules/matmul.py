@@ -104,11 +104,20 @@ def unautocast_weight(x1: Any, x2: Any) -> str | None:
     return low if _is_weight_read(x2) else None
 
 
+def _rank(x: Any) -> int | None:
+    """`x`'s number of axes, None where unknown (a Python list, a tensor of unknown rank)."""
+    shape = getattr(x, "shape", None)
+    try:
+        return None if shape is None else len(shape)
+    except (TypeError, ValueError):  # TensorShape(None)
+        return None
+
+
 def upcast_weight(x1: Any, x2: Any) -> bool:
     """Whether `x1 @ x2` is a 16-bit activation (rank 2 or more) times a 2-D weight read in its
     dtype (an autocast variable, or a variable's value in graph mode), built where this device's
     16-bit matmul kernels are Eigen's (`islands.float32_kernels`): module doc."""
-    if not (_dense(x1) and _dense(x2)) or len(getattr(x1, "shape", ())) < 2 or len(getattr(x2, "shape", ())) != 2:
+    if not (_dense(x1) and _dense(x2)) or (_rank(x1) or 0) < 2 or _rank(x2) != 2:
         return False
     dtypes = [getattr(x, "dtype", None) for x in (x1, x2)]
     if any(d is None for d in dtypes):

@@ -196,3 +196,18 @@ def test_inputs_of_unknown_static_shape(monkeypatch):
     np.testing.assert_allclose(np64(dx), np.broadcast_to(w64.sum(1), (2, 3, 4)), rtol=2e-2, atol=2e-2)
     np.testing.assert_allclose(np64(dkernel), np.broadcast_to(np64(x).reshape(6, 4).sum(0)[:, None], (4, 8)),
                                rtol=2e-2, atol=2e-2)
+
+
+def test_products_of_unknown_rank_or_lists_are_keras_s(monkeypatch):
+    monkeypatch.setattr(hardware, "emulated", lambda dtype: True)
+    keras_amp.enable("mixed_bfloat16")
+    weight = keras.Variable(np.eye(3), dtype="bfloat16")  # a weight of the activation's dtype
+
+    @tf.function(input_signature=[tf.TensorSpec(None, tf.bfloat16)])
+    def product(x):
+        return keras.ops.matmul(x, weight)
+
+    x = tf.cast([[1.0, 2.0, 3.0]], tf.bfloat16)
+    np.testing.assert_array_equal(np64(product(x)), [[1.0, 2.0, 3.0]])
+    assert _live_kernels(product.get_concrete_function().graph) == {"bfloat16"}  # TF's kernel: rank unknown
+    np.testing.assert_array_equal(np64(keras.ops.matmul([[1.0, 2.0]], [[1.0], [1.0]])), [[3.0]])
