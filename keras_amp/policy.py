@@ -301,8 +301,14 @@ def _speed_warning(name: str, device: hardware.DeviceInfo) -> str | None:
     if name == "mixed_bfloat16" and not device.fast_bfloat16:
         dies = " (under this cap TensorFlow's first bfloat16 matmul kills the process)"
         dies = dies if device.onednn_aborts_bfloat16 else ""
-        return (f"mixed_bfloat16 requested on {device.summary()}, which has no fast bfloat16 path{dies}. "
-                f"Faster here: {best!r}.")
+        if best != "float32" or dies:
+            return (f"mixed_bfloat16 requested on {device.summary()}, which has no fast bfloat16 path{dies}. "
+                    f"Faster here: {best!r}.")
+        # A CPU whose bfloat16 kernels are emulated: keras_amp's float32 kernels (matmul products,
+        # convolution gradients) bring a step near float32's, faster or slower by model (BUILD_NOTES).
+        return (f"mixed_bfloat16 requested on {device.summary()}, which has no fast bfloat16 path: its "
+                "bfloat16 kernels are emulated, so expect a step time near float32's (slower for RNNs, faster "
+                "for some Transformers) and a smaller memory footprint; 'auto' picks 'float32' here.")
     return None
 
 
