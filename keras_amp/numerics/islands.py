@@ -167,7 +167,7 @@ def _float32_summed_matmul(x, w, w32, matmul):
     float32 upcast; the gradient goes to `x` (16-bit) and to `w32` (float32), none to `w`."""
     upcast = w.dtype == tf.float32
 
-    @tf.custom_gradient
+    @custom_gradient
     def product(x, w, w32):
         def grad(dy):
             if upcast:

@@ -7,6 +7,9 @@ einsum-rows rules), forward and backward, are float32 kernels' on exact upcasts,
 `hardware.emulated` is set here, so both paths run on any machine.
 """
 
+import gc
+import weakref
+
 import keras
 import numpy as np
 import pytest
@@ -211,3 +214,20 @@ def test_products_of_unknown_rank_or_lists_are_keras_s(monkeypatch):
     np.testing.assert_array_equal(np64(product(x)), [[1.0, 2.0, 3.0]])
     assert _live_kernels(product.get_concrete_function().graph) == {"bfloat16"}  # TF's kernel: rank unknown
     np.testing.assert_array_equal(np64(keras.ops.matmul([[1.0, 2.0]], [[1.0], [1.0]])), [[3.0]])
+
+
+@pytest.mark.parametrize("kind", ["recipe", "keras_amp"])
+def test_a_traced_rnn_step_is_freed_with_its_function(kind, emulated):
+    # The time loop's weight products carry keras_amp's custom gradient: TensorFlow's
+    # tf.custom_gradient would register each traced step's closure, and its graph, for good.
+    keras_amp.enable("mixed_bfloat16")
+    inp = keras.Input((6, 5))
+    layer = keras.layers.LSTM(8) if kind == "recipe" else keras_amp.layers.GRU(8)
+    model = keras.Model(inp, layer(inp))
+    model = keras_amp.apply_recipe(model, "rnn") if kind == "recipe" else model
+    gradients = gradient_function(model)
+    graph = weakref.ref(gradients.get_concrete_function(tf.TensorSpec((3, 6, 5))).graph)
+    assert list(while_bodies(graph()))  # guard: the loop and its gradient were traced
+    del gradients
+    gc.collect()
+    assert graph() is None
