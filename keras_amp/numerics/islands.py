@@ -1,7 +1,8 @@
 """Float32-island helpers: variables read as float32, weight casts, the calling-layer stack.
 
-Shared by the float32-island layers (`keras_amp.layers`) and the matmul rule
-(`keras_amp.op_rules.matmul`, for `keras_amp.matmul16_policy`).
+Shared by the float32-island layers (`keras_amp.layers`), the matmul rule (`keras_amp.op_rules.matmul`,
+for `keras_amp.matmul16_policy` and for a weight's product on float32 kernels), the einsum-rows rule and
+the convolution-gradient rule (`float32_kernels`).
 """
 
 import keras
