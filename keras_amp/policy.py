@@ -294,21 +294,16 @@ def _speed_warning(name: str, device: hardware.DeviceInfo) -> str | None:
     """A reason the explicitly requested policy is slower than an alternative, or None."""
     best, _ = choose_policy(device)
     if name == "mixed_float16" and not device.fast_float16:
-        return (
-            f"mixed_float16 requested on {device.summary()}, which has no fast float16 path "
-            f"(float16 is emulated and typically slower than float32). Faster here: {best!r}."
-        )
+        return (f"mixed_float16 requested on {device.summary()}, which has no fast float16 path "
+                f"(float16 is emulated and typically slower than float32). Faster here: {best!r}.")
     if name == "mixed_bfloat16" and not device.fast_bfloat16:
         dies = " (under this cap TensorFlow's first bfloat16 matmul kills the process)"
-        dies = dies if device.onednn_aborts_bfloat16 else ""
-        if best != "float32" or dies:
-            return (f"mixed_bfloat16 requested on {device.summary()}, which has no fast bfloat16 path{dies}. "
-                    f"Faster here: {best!r}.")
-        # A CPU whose bfloat16 kernels are emulated: keras_amp's float32 kernels (matmul products,
-        # convolution gradients) bring a step near float32's, faster or slower by model (BUILD_NOTES).
-        return (f"mixed_bfloat16 requested on {device.summary()}, which has no fast bfloat16 path: its "
-                "bfloat16 kernels are emulated, so expect a step time near float32's (slower for RNNs, faster "
-                "for some Transformers) and a smaller memory footprint; 'auto' picks 'float32' here.")
+        head = f"mixed_bfloat16 requested on {device.summary()}, which has no fast bfloat16 path"
+        if best != "float32" or device.onednn_aborts_bfloat16:
+            return f"{head}{dies if device.onednn_aborts_bfloat16 else ''}. Faster here: {best!r}."
+        # Emulated: keras_amp's float32 kernels bring a step near float32's, by model (BUILD_NOTES).
+        return (f"{head}: its bfloat16 kernels are emulated, so expect a step time near float32's (slower for "
+                "RNNs, faster for some Transformers) and a smaller memory footprint; 'auto' picks 'float32' here.")
     return None
 
 
