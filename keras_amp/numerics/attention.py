@@ -20,6 +20,7 @@ import tensorflow as tf
 from keras import ops
 
 from keras_amp.custom_gradient import custom_gradient
+from keras_amp.numerics.islands import float32_kernels
 
 # Keras version the private reads below were written against.
 KERAS_VERSION = "3.15.1"
@@ -63,14 +64,46 @@ def _gradient_equations(equation):
     return f"{out},{query}->{key}", f"{out},{key}->{query}"
 
 
-def _gradient_matmuls(d_key_eq, d_query_eq, g, key, query):
-    """d(key), d(query) from the 16-bit d(scores) `g`: two 16-bit matmuls.
+def _einsum16(equation, a, b):
+    """`einsum(equation, a, b)` of two operands of one 16-bit dtype, in that dtype.
 
     Through Keras's einsum, which runs MultiHeadAttention's equations as transposes and
-    `tf.matmul` (BatchMatMulV2), as stock's own gradient does; TF's Einsum kernel is several times
+    `tf.matmul` (BatchMatMulV2), as stock's own products; TF's Einsum kernel is several times
     slower for bfloat16 on a CPU without AVX-512 (BUILD_NOTES, "Op rules": MultiHeadAttention).
+    Where the device's 16-bit matmul kernels are Eigen's (`islands.float32_kernels`: slower than
+    or as slow as its float32 ones, and truncating their sums), float32 kernels on exact upcasts,
+    rounded once: the product asked for, correctly rounded.
     """
-    return ops.einsum(d_key_eq, g, query), ops.einsum(d_query_eq, g, key)
+    if float32_kernels(a.dtype):
+        return ops.cast(ops.einsum(equation, ops.cast(a, "float32"), ops.cast(b, "float32")), a.dtype)
+    return ops.einsum(equation, a, b)
+
+
+def _gradient_matmuls(d_key_eq, d_query_eq, g, key, query):
+    """d(key), d(query) from the 16-bit d(scores) `g`: two 16-bit matmuls (`_einsum16`)."""
+    return _einsum16(d_key_eq, g, query), _einsum16(d_query_eq, g, key)
+
+
+def value_einsum(equation, probs, value):
+    """`einsum(equation, probs, value)` (attention's value product) in their 16-bit dtype.
+
+    Keras's einsum, as stock's, except where the device's 16-bit kernels are Eigen's
+    (`_einsum16`): then the product and its two gradients come from float32 kernels on exact
+    upcasts, each rounded once, and the upcasts are made again in the backward pass, not kept.
+    """
+    equations = _gradient_equations(equation)
+    if probs.dtype != value.dtype or equations is None or not float32_kernels(value.dtype):
+        return ops.einsum(equation, probs, value)
+    d_probs_eq, d_value_eq = equations
+
+    @custom_gradient
+    def product(probs, value):
+        def grad(upstream):
+            return _gradient_matmuls(d_probs_eq, d_value_eq, ops.cast(upstream, value.dtype), probs, value)
+
+        return _einsum16(equation, probs, value), grad
+
+    return product(probs, value)
 
 
 @tf.function(jit_compile=True, autograph=False)
@@ -282,7 +315,7 @@ def float32_attention(
             probs = ops.cast(_masked_softmax(float32_scores(equation, key, query, scale, compiled=compiled),
                                              attention_mask, num_axes), low)
         dropped = probs if dropout is None else dropout(probs, training=training)
-        return ops.einsum(read_private(layer, "_combine_equation"), dropped, value), probs
+        return value_einsum(read_private(layer, "_combine_equation"), dropped, value), probs
     scores = float32_scores(equation, key, query, scale, compiled=compiled)
     probs = _masked_softmax(scores, attention_mask, num_axes)
     dropped = probs
@@ -292,7 +325,5 @@ def float32_attention(
         # of values in [0, 1 / (1 - rate)], where they are going anyway).
         dropped = dropout(probs, training=training)
     # Probabilities are in [0, 1]: the value einsum is safe (and fast) in the compute dtype.
-    output = ops.einsum(
-        read_private(layer, "_combine_equation"), ops.cast(dropped, value.dtype), value
-    )
+    output = value_einsum(read_private(layer, "_combine_equation"), ops.cast(dropped, value.dtype), value)
     return output, ops.cast(probs, scores_dtype or "float32")

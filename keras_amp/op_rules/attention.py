@@ -76,7 +76,7 @@ def dot_product_attention_rule(original: Callable, *, xla_scores: bool) -> Calla
             logits = logits + tf.cast(bias, tf.float32)
         padded = _APPLY_MASKS(logits, mask, is_causal)
         probs = tf.cast(tf.nn.softmax(padded, axis=-1), key.dtype)
-        return tf.einsum("BNTS,BSNH->BTNH", probs, value)
+        return amp_attention.value_einsum("BNTS,BSNH->BTNH", probs, value)
 
     dot_product_attention_xla.__name__ = dot_product_attention_xla.__qualname__ = original.__name__
     return dot_product_attention_xla

@@ -103,7 +103,8 @@ RULES: tuple[Rule, ...] = (
          "scale, bias, mask, add, reshape, transpose, gather, slice and cast to the first matmul "
          "on each path; a matmul of two activations (no weight operand) with a 16-bit result is "
          "a score term (DeBERTa has three). The chain is rebuilt in float32: each term a 16-bit "
-         "product with float32 accumulation (XLA-compiled) and 16-bit gradient matmuls, the ops "
+         "product with float32 accumulation (XLA-compiled) and 16-bit gradient matmuls (on a CPU "
+         "without 16-bit matmul kernels, float32 kernels on exact upcasts, rounded once), the ops "
          "after it in float32; the 16-bit originals are left without a consumer and pruned. A "
          "16-bit infinite constant on the chain (T5's `(1 - mask) * -1e9` in float16) is rebuilt "
          "as float32's largest finite value / 1024. Value matmuls and Dense layers are not on such a "
@@ -118,7 +119,8 @@ RULES: tuple[Rule, ...] = (
          "Keras's TensorFlow kernel computes QK^T in the inputs' dtype and casts it up for the "
          "softmax, after a float16 overflow; the rule computes it as 16-bit products with float32 "
          "accumulation, then the same scale, bias, mask and float32 softmax, and the value "
-         "einsum in the compute dtype"),
+         "einsum in the compute dtype (as the score gradients: float32 kernels on exact upcasts, rounded "
+         "once, on a CPU without 16-bit matmul kernels)"),
     Rule("logsumexp", "softmax", "float32", "input dtype", BOTH, "keras_amp", (LOGSUMEXP,),
          "TF sums exp(x - max) in the input dtype: inf in float16 past 65504 terms; the logits are "
          "the softmax rule's (score matmuls found by dataflow, rebuilt in float32)"),
@@ -132,8 +134,9 @@ RULES: tuple[Rule, ...] = (
          "QK^T sums key_dim products: entries near 300 overflow float16 (NaN softmax); bfloat16 "
          "rounds logits to 8 bits. QK^T: an XLA-compiled 16-bit matmul with float32 accumulation "
          "and result (a float32 matmul under `enable(xla_scores=False)`); probabilities rounded "
-         "once to the compute dtype, softmax gradient in float32. Value einsum stays in the "
-         "compute dtype; subclasses that keep the stock method (keras-hub) get it too"),
+         "once to the compute dtype, softmax gradient in float32. Value einsum and score gradients "
+         "in the compute dtype (float32 kernels on exact upcasts, rounded once, on a CPU without 16-bit "
+         "matmul kernels); subclasses that keep the stock method (keras-hub) get it too"),
     Rule(MATMUL16_OP, "", "compute dtype", "float32", BOTH, "keras_amp", (MATMUL,),
          "a float32 layer (gates, nonlinearities, carried state, bias and output in float32) whose "
          "matmuls take 16-bit operands: cast(matmul(cast(a), cast(b)), float32), float32 "
@@ -171,7 +174,8 @@ RULES: tuple[Rule, ...] = (
          "ones and truncating their sums (bfloat16). Dense's and "
          "EinsumDense's products (an autocast weight, or a variable's value in graph mode) run on float32 "
          "kernels from exact upcasts, forward and backward, each rounded once. Not on other devices, under XLA "
-         "or in SavedModel export; two activations' products are the scores rules'"),
+         "or in SavedModel export. Attention's products of two activations do the same inside the attention "
+         "rules (value product, score gradients); a value product the model writes itself stays TF's"),
     Rule(EINSUM_ROWS_OP, "", "compute dtype", "compute dtype", BOTH, "keras_amp", (EINSUM,),
          "Keras's TF einsum writes an EinsumDense as a batched matmul by the kernel broadcast over the batch: "
          "its kernel gradient is a product per batch element, each rounded to 16 bits, then summed (57.6% "
