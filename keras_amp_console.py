@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 
 _NAME = "_keras_amp_console_cli"
 
@@ -91,6 +92,20 @@ def import_tensorflow_quietly() -> None:
             sys.stderr.flush()
 
 
+def one_line_amp_warnings() -> None:
+    """Prints keras_amp's `AmpWarning`s as one line each, `warning: <message>`, without Python's file:line
+    and source line, which in a command or an example name keras_amp's code, not the user's; other
+    warnings keep Python's format."""
+    python_format = warnings.formatwarning
+
+    def format_warning(message, category, filename, lineno, line=None) -> str:
+        if category.__name__ == "AmpWarning" and category.__module__.startswith("keras_amp"):
+            return f"warning: {message}\n"
+        return python_format(message, category, filename, lineno, line)
+
+    warnings.formatwarning = format_warning
+
+
 def load_standalone(relative_path: str, name: str):
     """The module at `keras_amp/<relative_path>`, executed alone under `name` (the package's
     `__init__` is not run). For modules that import only the standard library at the top."""
@@ -108,6 +123,7 @@ def load_standalone(relative_path: str, name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
+    one_line_amp_warnings()  # `check --policy` and `doctor` run keras_amp.enable, which may warn
     return load_standalone("cli.py", _NAME).main(argv, before_tensorflow=import_tensorflow_quietly)
 
 

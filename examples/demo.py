@@ -32,15 +32,19 @@ _COLOURS = ("tab:orange", "tab:blue", "tab:green", "tab:red")
 
 def define_flags() -> None:
     """The cnn example's flags with the demo's defaults, and --plot_file."""
-    flags.define(epochs=4, batch_size=32, steps_per_epoch=30, width=256, depth=4)
+    flags.define(epochs=4, batch_size=32, steps_per_epoch=30, width=256, depth=4, compare=False)
     absl_flags.DEFINE_string(
         "plot_file", None, "Write the picture (loss curves, step time, memory) here; default: "
         "demo.png in the run's folder; '' for none. Needs matplotlib: pip install \"keras-amp[plot]\".")
+    flags.output_file("plot_file")
 
 
 def policy_line(results) -> str:
-    """What "auto" chose on this machine, and why."""
-    amp = results[0]
+    """What "auto" chose on this machine, and why; or the policy --policy asked for (the run's label)."""
+    amp, requested = results[0], results[0]["label"]
+    if requested != "auto":
+        chose = f"--policy={requested}"
+        return f"{chose}: nothing to compare." if amp["policy"] == "float32" else f"{chose}, against float32."
     if amp["policy"] == "float32":
         return f'"auto" chose float32 on this machine ({amp["reason"]}): nothing to compare.'
     return f'"auto" chose {amp["policy"]}: {amp["reason"]}'
@@ -141,4 +145,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=flags.parse)

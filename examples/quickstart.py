@@ -12,6 +12,7 @@ from __future__ import annotations
 from absl import app, flags
 
 import common  # noqa: F401  (keeps TensorFlow's start-up banner off the output; see common/__init__.py)
+from common.flags import parse as parse_flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("policy", "auto", ["auto", "mixed_float16", "mixed_bfloat16", "float32"], "Precision policy.")
@@ -52,4 +53,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

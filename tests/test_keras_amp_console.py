@@ -58,3 +58,19 @@ def test_doctor_prints_no_banner_unless_the_user_sets_the_log_level_to_0():
     # TF_CPP_MIN_LOG_LEVEL=2, the usual way to quiet TensorFlow, quiets its import-time lines too.
     user_quiet = _doctor(dict(env, TF_CPP_MIN_LOG_LEVEL="2"))
     assert user_quiet.returncode == 0 and not BANNER.search(user_quiet.stderr), user_quiet.stderr
+
+
+def test_the_command_prints_keras_amp_warnings_in_one_line(monkeypatch):
+    # `keras-amp check --policy` runs keras_amp.enable, whose advice would otherwise name cli.py's line.
+    import warnings  # noqa: PLC0415
+
+    import keras_amp  # noqa: PLC0415
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # restored after the test
+    monkeypatch.setattr(keras_amp_console, "load_standalone",
+                        lambda path, name: type("Cli", (), {"main": staticmethod(lambda argv, **kw: 0)}))
+    assert keras_amp_console.main(["doctor"]) == 0
+    text = warnings.formatwarning(keras_amp.AmpWarning("slow here"), keras_amp.AmpWarning, "cli.py", 76)
+    assert text == "warning: slow here\n", text
+    other = warnings.formatwarning(UserWarning("theirs"), UserWarning, "user.py", 3, line="x = 1")
+    assert other.startswith("user.py:3: UserWarning: theirs") and "x = 1" in other, other

@@ -13,13 +13,12 @@ Importing it also keeps the examples' output to what they print themselves:
 
 from __future__ import annotations
 
-import warnings
-
 from absl import app, logging
 from absl import flags as absl_flags  # not `flags`: that name is the submodule common.flags
 # Stdlib-only, installed beside keras_amp (the `keras-amp` command's entry point): it filters the
 # banner for the CLI too. Re-exported here for the examples' spawned processes.
-from keras_amp_console import banner_filtered, import_tensorflow_quietly, quiet_tensorflow_by_default  # noqa: F401
+from keras_amp_console import (banner_filtered, import_tensorflow_quietly, one_line_amp_warnings,  # noqa: F401
+                               quiet_tensorflow_by_default)
 
 quiet_tensorflow_by_default()  # before anything imports TensorFlow
 
@@ -30,16 +29,7 @@ def _library_logs_at_warning() -> None:
         logging.set_verbosity(logging.WARNING)
 
 
-_format_warning = warnings.formatwarning
-
-
-def _one_line_amp_warnings(message, category, filename, lineno, line=None) -> str:
-    if category.__name__ == "AmpWarning" and category.__module__.startswith("keras_amp"):
-        return f"warning: {message}\n"
-    return _format_warning(message, category, filename, lineno, line)
-
-
-warnings.formatwarning = _one_line_amp_warnings
+one_line_amp_warnings()
 
 # After absl has parsed the flags (so `--help` stays instant), before the example's main runs.
 app.call_after_init(import_tensorflow_quietly)

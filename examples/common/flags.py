@@ -7,7 +7,7 @@ import os
 import tempfile
 import time
 
-from absl import flags
+from absl import app, flags
 
 from common import data as data_lib
 
@@ -23,11 +23,44 @@ MODEL_DIR_BASE = os.path.join(tempfile.gettempdir(), "keras_amp_examples")
 NAMES: tuple[str, ...] = ()  # the flags `define()` declared
 
 
+def parse(argv: list[str]) -> list[str]:
+    """absl's flag parsing (`app.run(main, flags_parser=parse)`), and no positional arguments: every
+    setting of an example is a --flag, so a stray word is a mistake, not a default run."""
+    rest = app.parse_flags_with_usage(argv)  # a bad flag: absl's one error line and exit 1
+    if len(rest) > 1:
+        raise SystemExit(f"error: unexpected argument{'s' * (len(rest) > 2)} {' '.join(rest[1:])!r}: every "
+                         "setting is a --flag (--help lists them)")
+    return rest
+
+
+def output_file(name: str) -> None:
+    """Flag `name`, a path to write a file at the end of a run, is checked when the flags are parsed:
+    not a folder, its nearest existing folder writable (the missing ones are made), so a run's results
+    are not lost after its training to a path that cannot be written."""
+
+    def check(path: str | None) -> bool:
+        if not path:
+            return True
+        full = os.path.abspath(path)
+        existing = os.path.dirname(full)
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        why = (f"{full} is a folder" if os.path.isdir(full) else f"{existing} is a file" if not os.path.isdir(existing)
+               else f"{existing} is not writable" if not os.access(existing, os.W_OK) else None)
+        if why:
+            raise flags.ValidationError(f"--{name} must be a file path that can be written (missing folders are "
+                                        f"made), but {why}. Received: --{name}={path}")
+        return True
+
+    flags.register_validator(name, check)
+
+
 def define(*, dataset: str = "pydoc", datasets=data_lib.DATASETS, epochs: int, batch_size: int,
            steps_per_epoch: int, seq_len: int = 128, width: int, depth: int, learning_rate: float = 1e-3,
-           resumable: bool = True) -> None:
+           resumable: bool = True, compare: bool = True) -> None:
     """Defines the flags every example takes, with that example's defaults; `--resume` where `resumable`
-    (multi_worker.py resumes through Keras's BackupAndRestore by itself)."""
+    (multi_worker.py resumes through Keras's BackupAndRestore by itself), `--compare_float32` where
+    `compare` (the demo always compares)."""
     global NAMES
     before = set(FLAGS)
     flags.DEFINE_enum("policy", "auto", POLICIES, "Precision policy; auto picks by hardware.")
@@ -46,8 +79,9 @@ def define(*, dataset: str = "pydoc", datasets=data_lib.DATASETS, epochs: int, b
                       "16-bit weights with the exact 16+16 split (lean), stochastic rounding (lean_stochastic) "
                       "or no compensation (lean_none: pure 16-bit, for comparison). float32 runs use adam.")
     flags.DEFINE_enum("tier", "auto", TIERS, "Loss-scale tier under mixed_float16 (none: Keras defaults).")
-    flags.DEFINE_bool("compare_float32", False,
-                      "Also train the float32 twin on the same data and seed, and print both.")
+    if compare:
+        flags.DEFINE_bool("compare_float32", False,
+                          "Also train the float32 twin on the same data and seed, and print both.")
     flags.DEFINE_string("model_dir", None,
                         "Checkpoints and TensorBoard logs go to <model_dir>/<example>/<run>/ (default: a new "
                         f"folder per run, {os.path.join(MODEL_DIR_BASE, '<example>', '<time>-<pid>')}).")
@@ -64,6 +98,7 @@ def define(*, dataset: str = "pydoc", datasets=data_lib.DATASETS, epochs: int, b
     flags.DEFINE_string("data_dir", None, "tensorflow-datasets data directory.")
     flags.DEFINE_bool("show_plan", False, "Print keras_amp.plan_recipe: each layer's policy and why.")
     flags.DEFINE_string("results_file", None, "Also write the runs' figures to this JSON file.")
+    output_file("results_file")
     flags.DEFINE_integer("verbose", 1, "0: no progress, 1: progress bar, 2: one line per epoch. (keras_amp's "
                          "own log lines: absl's --verbosity=0.)", lower_bound=0, upper_bound=2)
     NAMES = tuple(sorted(set(FLAGS) - before))

@@ -29,8 +29,7 @@ from keras_amp.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
 ON_NAN = ("warn", "stop")
 METRICS = ("loss_scale", "overflow_count", "overflows_since_log", "skipped_steps", "consecutive_overflows")
-# What goes into `fit`'s logs by default: Keras's progress bar prints every key of the logs with
-# "%.4f" (or "%.4e" near zero), so four integer counters read "0.0000e+00" on every step line.
+# In `fit`'s logs by default: Keras's progress bar prints every key as "%.4e" near zero ("0.0000e+00").
 IN_LOGS = ("loss_scale",)
 
 
@@ -57,11 +56,9 @@ class LossScaleMonitor(TrendChecks, UpdateLossChecks, keras.callbacks.Callback):
       is left out).
 
     Each symptom is diagnosed once per `fit` by walking the decision tree of
-    `keras_amp.diagnostics.symptoms`, and the diagnosis is issued as an `AmpWarning` (at the
-    user's `fit` call) and kept in `diagnoses`. During `fit` every training step also counts
-    the batches whose inputs or labels hold NaN/inf (a `DataWatch` wraps the model's
-    `train_step`; its variables are read at log points): such data is diagnosed first, before
-    any question about the loss scale. Given a `probe` batch, the diagnosis of a non-finite
+    `keras_amp.diagnostics.symptoms`, issued as an `AmpWarning` (at the user's `fit` call) and
+    kept in `diagnoses`. Every training step also counts the batches whose inputs or labels hold
+    NaN/inf (a `DataWatch` wraps `train_step`; read at log points): such data is diagnosed first. Given a `probe` batch, the diagnosis of a non-finite
     loss also names the probe's non-finite entries and the layers `find_overflow` blames.
     The diagnostics never end training themselves: a probe that cannot run (empty, or the
     wrong shape) is a warning, and the probe checks are off for that `fit`.
@@ -82,9 +79,9 @@ class LossScaleMonitor(TrendChecks, UpdateLossChecks, keras.callbacks.Callback):
             a swing. Defaults to 0.5.
         memory_epochs: Int >= 1. Consecutive epoch ends with rising memory. Defaults to 3.
         step_time_factor: Float > 1. Step-time jump over the running median. Defaults to 3.0.
-        log_dir: String or None. Also write all five metrics as TensorBoard scalars there
-            ("batch_*" at log points, "epoch_*" at epoch ends; `tensorboard --logdir <log_dir>`).
-            Needs the `tensorboard` package, as `keras.callbacks.TensorBoard` does.
+        log_dir: String or None. Also write all five metrics as TensorBoard scalars there ("batch_*"
+            at log points, "epoch_*" at epoch ends; needs `tensorboard`). Without loss scaling
+            (bfloat16, float32) there are none: a warning at the start of `fit` says so.
         counters_in_logs: Bool. Also put the four counters into `fit`'s logs (the progress bar
             then prints them as floats). Defaults to False.
         log_every, check_every: Deprecated: old names of `update_freq` (a `DeprecationWarning`).
@@ -100,10 +97,8 @@ class LossScaleMonitor(TrendChecks, UpdateLossChecks, keras.callbacks.Callback):
     ```
     """
 
-    # Keras 3.15 converts the batch logs to Python numbers (a host sync) in the training loop's
-    # thread unless every callback with batch hooks is async-safe; this one is (a lock orders
-    # its batch ends), so it adds no sync to the step. With other, non-async-safe callbacks,
-    # Keras dispatches synchronously and the loop syncs every step whatever this one does.
+    # Keras 3.15 syncs the batch logs to Python numbers every step unless every callback with batch
+    # hooks is async-safe; this one is (a lock orders its batch ends), so it adds no sync itself.
     async_safe = True
 
     def __init__(self, update_freq: int = 100, *, on_nan: str = "warn", probe: Any = None,
@@ -209,8 +204,13 @@ class LossScaleMonitor(TrendChecks, UpdateLossChecks, keras.callbacks.Callback):
             self._at_epoch = self._at_log if self._at_log is not None else 0
         opt = getattr(self.model, "optimizer", None)
         if opt is not None and not isinstance(opt, keras.optimizers.LossScaleOptimizer):
-            logging.info("LossScaleMonitor: optimizer %r does not scale the loss; only the "
-                         "symptoms are monitored.", type(opt).__name__)
+            unscaled = (f"optimizer {type(opt).__name__!r} does not scale the loss (policy "
+                        f"{self.model.dtype_policy.name}); only the symptoms are monitored")
+            if self.log_dir is None:
+                logging.info("LossScaleMonitor: %s.", unscaled)
+            else:  # TensorBoard files asked for, and this fit writes none
+                self._warn(f"LossScaleMonitor(log_dir={self.log_dir!r}) writes nothing in this fit: {unscaled}. "
+                           "GradientStatistics(probe, log_dir=...) logs the gradients' range under any policy.")
 
     def on_epoch_begin(self, epoch, logs=None):
         self._tick = (time.perf_counter(), self._batches, True)

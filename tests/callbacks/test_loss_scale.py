@@ -72,6 +72,23 @@ def test_metrics_in_history_and_own_tensorboard_events(tmp_path):
     assert events["batch_loss_scale"] == [256.0, 128.0, 128.0, 128.0, 64.0]
 
 
+def test_a_log_dir_without_loss_scaling_warns_that_nothing_is_written(tmp_path):
+    # mixed_bfloat16 (what "auto" picks on most CPUs) needs no loss scale: keras_amp.wrap returns
+    # the optimizer as given, and the monitor has no scale or counters to write.
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = two_dense_model()
+    model.compile(optimizer=keras_amp.wrap(keras.optimizers.Adam(1e-3)), loss="mse")
+    x, y = regression_batch()
+    with pytest.warns(keras_amp.AmpWarning, match=r"LossScaleMonitor\(log_dir=.*writes nothing in this fit: "
+                      r"optimizer 'Adam' does not scale the loss \(policy mixed_bfloat16\)") as caught:
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[LossScaleMonitor(log_dir=str(tmp_path))])
+    assert caught[0].filename == __file__  # at the user's fit call
+    assert _events(str(tmp_path)) == {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", keras_amp.AmpWarning)  # without log_dir: nothing was asked for
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[LossScaleMonitor()])
+
+
 @pytest.mark.parametrize("counters_in_logs", [False, True], ids=["scale_only", "counters_too"])
 def test_metrics_reach_keras_tensorboard_callback(tmp_path, counters_in_logs):
     pytest.importorskip("tensorboard", reason="keras.callbacks.TensorBoard needs the tensorboard package")
