@@ -72,11 +72,15 @@ def _einsum16(equation, a, b):
     slower for bfloat16 on a CPU without AVX-512 (BUILD_NOTES, "Op rules": MultiHeadAttention).
     Where the device's 16-bit matmul kernels are Eigen's (`islands.float32_kernels`: slower than
     or as slow as its float32 ones, and truncating their sums), float32 kernels on exact upcasts,
-    rounded once: the product asked for, correctly rounded.
+    rounded once: the product asked for, correctly rounded. `b`'s upcast is made once `a` exists:
+    in a gradient, `a` is the incoming gradient and `b` a tensor kept from the forward pass, whose
+    float32 copy would otherwise be made as soon as `b` exists and live through the forward pass.
     """
-    if float32_kernels(a.dtype):
-        return ops.cast(ops.einsum(equation, ops.cast(a, "float32"), ops.cast(b, "float32")), a.dtype)
-    return ops.einsum(equation, a, b)
+    if not float32_kernels(a.dtype):
+        return ops.einsum(equation, a, b)
+    with tf.control_dependencies([a]):
+        b32 = tf.cast(b, tf.float32)
+    return ops.cast(ops.einsum(equation, ops.cast(a, "float32"), b32), a.dtype)
 
 
 def _gradient_matmuls(d_key_eq, d_query_eq, g, key, query):
