@@ -36,6 +36,9 @@ def test_a_results_file_that_cannot_be_written_stops_the_run_before_it_trains(tm
                          f"{blocker} is a file. Received: --results_file={blocker / 'x.json'}"), line
     line = _fails_at_parse("transformer", tmp_path, f"--results_file={tmp_path}")
     assert f"but {tmp_path} is a folder. Received: --results_file={tmp_path}" in line, line
+    if sys.platform.startswith("linux"):  # /proc: a folder, but no files can be made in it (even by root)
+        line = _fails_at_parse("rnn", tmp_path, "--results_file=/proc/results.json")
+        assert "but no file can be written in /proc. Received: --results_file=/proc/results.json" in line, line
     line = _fails_at_parse("demo", tmp_path, f"--plot_file={blocker / 'sub' / 'demo.png'}")
     assert f"--plot_file must be a file path that can be written (missing folders are made), but {blocker} is a file" \
         in line, line

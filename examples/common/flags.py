@@ -33,6 +33,16 @@ def parse(argv: list[str]) -> list[str]:
     return rest
 
 
+def _can_write_in(folder: str) -> bool:
+    """Whether a file can be made in `folder`: tried (a temporary file, removed at once), as permissions,
+    read-only mounts and pseudo file systems (/proc) all decide it, also for root."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
 def output_file(name: str) -> None:
     """Flag `name`, a path to write a file at the end of a run, is checked when the flags are parsed:
     not a folder, its nearest existing folder writable (the missing ones are made), so a run's results
@@ -46,7 +56,7 @@ def output_file(name: str) -> None:
         while not os.path.exists(existing):
             existing = os.path.dirname(existing)
         why = (f"{full} is a folder" if os.path.isdir(full) else f"{existing} is a file" if not os.path.isdir(existing)
-               else f"{existing} is not writable" if not os.access(existing, os.W_OK) else None)
+               else None if _can_write_in(existing) else f"no file can be written in {existing}")
         if why:
             raise flags.ValidationError(f"--{name} must be a file path that can be written (missing folders are "
                                         f"made), but {why}. Received: --{name}={path}")
