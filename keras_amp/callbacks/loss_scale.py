@@ -58,10 +58,10 @@ class LossScaleMonitor(TrendChecks, UpdateLossChecks, keras.callbacks.Callback):
     Each symptom is diagnosed once per `fit` by walking the decision tree of
     `keras_amp.diagnostics.symptoms`, issued as an `AmpWarning` (at the user's `fit` call) and
     kept in `diagnoses`. Every training step also counts the batches whose inputs or labels hold
-    NaN/inf (a `DataWatch` wraps `train_step`; read at log points): such data is diagnosed first. Given a `probe` batch, the diagnosis of a non-finite
-    loss also names the probe's non-finite entries and the layers `find_overflow` blames.
-    The diagnostics never end training themselves: a probe that cannot run (empty, or the
-    wrong shape) is a warning, and the probe checks are off for that `fit`.
+    NaN/inf (a `DataWatch` wraps `train_step`; read at log points): such data is diagnosed first.
+    Given a `probe` batch, the diagnosis of a non-finite loss also names the probe's non-finite
+    entries and the layers `find_overflow` blames. The diagnostics never end training: a probe
+    that cannot run (empty, or the wrong shape) is a warning, and its checks are off for that `fit`.
 
     Args:
         update_freq: Int >= 1. Batches between log points (Keras's name, as in
