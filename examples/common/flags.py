@@ -23,6 +23,14 @@ MODEL_DIR_BASE = os.path.join(tempfile.gettempdir(), "keras_amp_examples")
 NAMES: tuple[str, ...] = ()  # the flags `define()` declared
 
 
+def _nearest_existing(path: str) -> str:
+    """`path` made absolute, or its nearest ancestor that exists (a folder, for a run to write below it)."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    return existing
+
+
 def parse(argv: list[str]) -> list[str]:
     """absl's flag parsing (`app.run(main, flags_parser=parse)`), and no positional arguments: every
     setting of an example is a --flag, so a stray word is a mistake, not a default run."""
@@ -52,9 +60,7 @@ def output_file(name: str) -> None:
         if not path:
             return True
         full = os.path.abspath(path)
-        existing = os.path.dirname(full)
-        while not os.path.exists(existing):
-            existing = os.path.dirname(existing)
+        existing = _nearest_existing(os.path.dirname(full))
         why = (f"{full} is a folder" if os.path.isdir(full) else f"{existing} is a file" if not os.path.isdir(existing)
                else None if _can_write_in(existing) else f"no file can be written in {existing}")
         if why:
@@ -123,9 +129,7 @@ def run_dir(name: str, model_dir: str | None) -> str:
     if model_dir:
         path = os.path.join(model_dir, name)
         # The nearest part of the path that exists must be a folder: the rest is made below it.
-        existing = os.path.abspath(path)
-        while not os.path.exists(existing):
-            existing = os.path.dirname(existing)
+        existing = _nearest_existing(path)
         if not os.path.isdir(existing):
             raise SystemExit(f"error: --model_dir must be a folder (made if missing) for the runs' checkpoints and "
                              f"TensorBoard logs, but {existing} is a file. Received: --model_dir={model_dir}")

@@ -35,12 +35,6 @@ def _live_kernels(graph):
     return {op.outputs[0].dtype.name for op in live_ops(graph) if "MatMul" in op.type or op.type == "Einsum"}
 
 
-@pytest.fixture(params=[True, False], ids=["emulated", "native"])
-def emulated(request, monkeypatch):
-    monkeypatch.setattr(hardware, "emulated", lambda dtype: request.param)
-    return request.param
-
-
 def test_float32_kernels_only_for_16_bits_on_an_emulating_device_outside_xla(monkeypatch):
     monkeypatch.setattr(hardware, "emulated", lambda dtype: dtype == "bfloat16")
     assert islands.float32_kernels(tf.bfloat16) and islands.float32_kernels("bfloat16")

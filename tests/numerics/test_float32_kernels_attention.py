@@ -28,12 +28,6 @@ def _batched_kernels(graph):
             and not op.graph.name.startswith(("_probabilities_compiled", "_scores_float32_out"))}
 
 
-@pytest.fixture(params=[True, False], ids=["emulated", "native"])
-def emulated(request, monkeypatch):
-    monkeypatch.setattr(hardware, "emulated", lambda dtype: request.param)
-    return request.param
-
-
 def _once(value, dtype):
     """A float64 array rounded once to `dtype` (through float32, exact for these sums' purposes)."""
     return np64(tf.cast(tf.constant(value, tf.float32), dtype))
