@@ -31,11 +31,13 @@ doctor: $(STAMP)
 
 # Step time and memory of the workloads (benchmarks/RESULTS.md), then (QUICK=1 leaves them out) the
 # weight state's memory: frozen weights, the lean tier, LoRA (benchmarks/LEAN_RESULTS.md), and where
-# a step's time goes, op by op, with the matmul/conv-only limit (printed).
+# a step's time goes, op by op, with the matmul/conv-only limit (printed), and keras-hub's backbones
+# under float32, stock and keras_amp (benchmarks/HUB_RESULTS.md).
 bench: $(STAMP)
 	QUICK=$(QUICK) $(PY) benchmarks/run_all.py $(BENCH_ARGS)
 	if [ -z "$(QUICK)" ] || [ "$(QUICK)" = 0 ]; then $(PY) benchmarks/bench_lean.py; fi
 	if [ -z "$(QUICK)" ] || [ "$(QUICK)" = 0 ]; then $(PY) benchmarks/profile_step.py; fi
+	if [ -z "$(QUICK)" ] || [ "$(QUICK)" = 0 ]; then $(PY) benchmarks/bench_hub.py; fi
 
 # README's pictures, docs/*.png, at small settings (a few minutes): the demo's, a QUICK=1
 # benchmark's (its report to a temporary folder, not benchmarks/RESULTS.md) and a precision plan.
