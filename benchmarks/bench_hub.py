@@ -36,9 +36,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import keras_hub  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from keras_hub import models as hub  # noqa: E402
+
+try:
+    import keras_hub
+    from keras_hub import models as hub
+except ImportError:  # a test dependency (pyproject's [test] extra), not one of keras_amp's
+    sys.exit("bench_hub.py needs keras-hub: pip install -e '.[test]' (what `make bench` uses) or pip install keras-hub")
 
 import keras_amp  # noqa: E402
 from bench_time import BatchTimer  # noqa: E402
@@ -68,10 +72,11 @@ def _text(s: Sizes, **extra) -> dict:
 
 
 # Family -> backbone builder. Attention written every way keras-hub writes it: MultiHeadAttention
-# subclasses (BERT, GPT-2, OPT, ViT), einsum with a computed equation (Llama, Mistral, Gemma, Qwen3) or a
-# literal one (Falcon, GPT-NeoX, Phi3, T5, DeBERTaV3 with its relative-position score terms),
-# `ops.matmul` (Bloom), `q @ k` (SegFormer's MiT); norms computed by the model (T5's rsqrt, Phi3's and
-# Qwen3's float32 casts); and a convnet (ResNet, batch norm).
+# subclasses (BERT, GPT-2, OPT, BART, ALBERT, ViT, DINOv2), einsum with a computed equation (Llama,
+# Mistral, Gemma, Gemma3, Qwen3) or a literal one (Falcon, GPT-NeoX, Phi3, T5, DeBERTaV3 and XLNet with
+# their relative-position score terms), `ops.matmul` (Bloom), `q @ k` (SegFormer's MiT); rotary
+# embeddings (ESM, RoFormerV2); norms computed by the model (T5's rsqrt, Phi3's and Qwen3's float32
+# casts); and a convnet (ResNet, batch norm).
 FAMILIES: dict[str, Callable[[Sizes], keras.Model]] = {
     "bert": lambda s: hub.BertBackbone(**_text(s, num_heads=s.heads, max_sequence_length=s.seq)),
     "gpt2": lambda s: hub.GPT2Backbone(**_text(s, num_heads=s.heads, max_sequence_length=s.seq)),
@@ -92,9 +97,24 @@ FAMILIES: dict[str, Callable[[Sizes], keras.Model]] = {
         **_text(s, num_heads=s.heads, max_sequence_length=s.seq, bucket_size=s.seq // 2)
     ),
     "bloom": lambda s: hub.BloomBackbone(**_text(s, num_heads=s.heads)),
+    "xlnet": lambda s: hub.XLNetBackbone(**_text(s, num_heads=s.heads)),
+    "bart": lambda s: hub.BartBackbone(**_text(s, num_heads=s.heads, max_sequence_length=s.seq)),
+    "esm": lambda s: hub.ESMBackbone(**_text(s, num_heads=s.heads, max_sequence_length=s.seq)),
+    "gemma3": lambda s: hub.Gemma3Backbone(
+        **_text(s, num_query_heads=s.heads, num_key_value_heads=1, head_dim=s.hidden // s.heads), image_size=16,
+        vision_encoder=None,
+    ),
+    "roformer_v2": lambda s: hub.RoformerV2Backbone(**_text(s, num_heads=s.heads, head_size=s.hidden // s.heads)),
+    "albert": lambda s: hub.AlbertBackbone(
+        **_text(s, num_heads=s.heads, embedding_dim=s.hidden // 2, max_sequence_length=s.seq)
+    ),
     "vit": lambda s: hub.ViTBackbone(
         image_shape=(s.image, s.image, 3), patch_size=8, num_layers=2, num_heads=s.heads, hidden_dim=s.hidden,
         mlp_dim=4 * s.hidden,
+    ),
+    "dinov2": lambda s: hub.DINOV2Backbone(
+        patch_size=8, num_layers=2, hidden_dim=s.hidden, num_heads=s.heads, intermediate_dim=4 * s.hidden,
+        image_shape=(s.image, s.image, 3),
     ),
     "segformer": lambda s: hub.MiTBackbone(
         layerwise_depths=[2, 2], num_layers=2, layerwise_num_heads=[1, s.heads // 2], layerwise_sr_ratios=[4, 2],
@@ -107,8 +127,9 @@ FAMILIES: dict[str, Callable[[Sizes], keras.Model]] = {
         image_shape=(s.image, s.image, 3),
     ),
 }
-IMAGES = {"vit", "segformer", "resnet"}
-OUTPUT = {"t5": "decoder_sequence_output"}  # the encoder-decoder's output the head reads
+IMAGES = {"vit", "dinov2", "segformer", "resnet"}
+# The output the head reads, of the encoder-decoders.
+OUTPUT = {"t5": "decoder_sequence_output", "bart": "decoder_sequence_output"}
 
 
 def build(family: str, s: Sizes) -> keras.Model:
