@@ -45,7 +45,7 @@ except ImportError:  # a test dependency (pyproject's [test] extra), not one of 
     sys.exit("bench_hub.py needs keras-hub: pip install -e '.[test]' (what `make bench` uses) or pip install keras-hub")
 
 import keras_amp  # noqa: E402
-from bench_time import BatchTimer  # noqa: E402
+from bench_time import BatchTimer, _traces  # noqa: E402
 from report import paired  # noqa: E402
 
 CONFIGS = ("float32", "stock", "keras_amp")
@@ -212,9 +212,11 @@ def run_family(family: str, policy: str, s: Sizes, blocks: int, steps: int, warm
             )
             medians[config] = statistics.median(timer.times)
         per_block.append(medians)
+    traces = {c: _traces(models[c]) for c in CONFIGS}  # 1 each: nothing traced again inside the blocks
     keras.backend.clear_session()
     return {
         "family": family,
+        "traces": traces,
         "ms": {c: statistics.median(b[c] for b in per_block) * 1e3 for c in CONFIGS},
         "keras_amp/stock": paired(per_block, "keras_amp", "stock"),
         "keras_amp/float32": paired(per_block, "keras_amp", "float32"),

@@ -55,7 +55,7 @@ def test_a_family_is_timed_in_interleaved_blocks_after_one_that_fails(monkeypatc
     assert saved["results"][0] == {"family": "broken", "error": error}
     assert f"| broken | failed: {error} |" in printed
     for result in saved["results"][1:]:
-        assert len(result["blocks"]) == 2
+        assert len(result["blocks"]) == 2 and result["traces"] == {c: 1 for c in bench_hub.CONFIGS}
         assert all(set(block) == set(bench_hub.CONFIGS) and min(block.values()) > 0 for block in result["blocks"])
         median, low, high = result["keras_amp/stock"]
         assert low <= median <= high
