@@ -11,4 +11,5 @@ Modules:
     adam16: the compiled Adam updates of 16-bit weights (`keras_amp.optimizers.LeanAdam`).
     gelu: gelu's float32 derivative; its forward and backward pass from a 16-bit input as XLA
         computations.
+    silu: silu's derivative; its forward and backward pass from a 16-bit input as XLA computations.
 """

@@ -143,10 +143,10 @@ def _own(owner: Any, attr: str) -> Any:
 # As Keras defines them (captured by keras_amp._compat at import, before any replacement).
 ORIGINALS: dict[str, Callable] = {name: _compat.original(name) for name in _FACTORIES if _compat.original(name)}
 
-# The rules with XLA kernels (attention scores, the sparse cross-entropy, gelu) take the trace-time option
+# The rules with XLA kernels (attention scores, the sparse cross-entropy, gelu, silu) take the trace-time option
 # `xla_scores` (`keras_amp.enable(xla_scores=...)`) as an argument, bound when they are built.
 _TAKE_XLA_SCORES = (f"{TF_NN}.softmax", f"{TF_NN}.log_softmax", LOGSUMEXP, EXP, MHA_COMPUTE, DPA,
-                    f"{TF_NN}.sparse_categorical_crossentropy", f"{TF_NN}.gelu")
+                    f"{TF_NN}.sparse_categorical_crossentropy", f"{TF_NN}.gelu", f"{TF_NN}.silu")
 
 
 def _build(xla_scores: bool) -> dict[str, Callable]:

@@ -238,8 +238,11 @@ RULES: tuple[Rule, ...] = (
     Rule("silu", "", "compute dtype", "input dtype", BOTH, "keras_amp", (f"{TF_NN}.silu",),
          "memory: TensorFlow's silu is a tf.custom_gradient, whose graph-mode gradient closure is never "
          "freed, so every traced graph through it stayed alive with the variables it captured (a LoRA "
-         "model kept its float32 frozen weights beside their 16-bit copies); the rule is the same "
-         "arithmetic on keras_amp's custom_gradient, freed with its graph"),
+         "model kept its float32 frozen weights beside their 16-bit copies); the rule runs on "
+         "keras_amp's custom_gradient, freed with its graph. Speed: on a 16-bit input under "
+         "`enable(xla_scores=True)` the backward pass is one XLA computation in float32, rounded once "
+         "(TensorFlow's: six 16-bit ops), and so is the forward pass except for bfloat16 where oneDNN "
+         "runs it natively (TensorFlow's two ops are faster there)"),
     Rule("categorical_crossentropy", "loss", "float32", "float32", BOTH, "keras_amp",
          (f"{TF_NN}.categorical_crossentropy", "keras.src.ops.nn.CategoricalCrossentropy.compute_output_spec"),
          "a loss is reduced, scaled and logged in float32; 16-bit results round to 8-11 bits"),

@@ -896,7 +896,7 @@ def census_test(group: str) -> Callable:
 
 
 # Families whose mixed-precision loss is not compared with float32's, and why; the audit and the
-# step are checked, and ours must give stock Keras's loss (`stock_loss`).
+# step are checked, and ours must lie by stock Keras's loss (`stock_loss`; `check`).
 LOSS_NOT_COMPARED = {
     "d_fine": ("its decoder keeps the top-k encoder queries by score: with random weights the scores nearly "
                "tie, bfloat16 rounding picks other queries, and stock Keras's loss is as far from float32's"),
@@ -928,11 +928,13 @@ def check(case: Case, policy: str) -> Outcome:
         failures.append(f"train step: loss={outcome.step_loss}, weights finite={outcome.weights_finite}")
     bound = LOSS_RTOL[policy] * max(1.0, abs(outcome.loss32))
     if case.name in LOSS_NOT_COMPARED:
-        # Guard that the reason still holds: stock Keras's loss under this policy is as far off.
-        stock = outcome.stock_loss
-        if abs(stock - outcome.loss) > bound:
-            failures.append(f"loss not compared ({LOSS_NOT_COMPARED[case.name]}), but stock's {stock} is not ours "
-                            f"{outcome.loss}")
+        # Guard that the reason still holds: stock Keras's loss under this policy is as far from float32's
+        # (past the bound), and ours lies by stock's, within a tenth of that distance (keras_amp's own
+        # roundings, such as a silu rounded once, can tip other near-tied choices too).
+        stock, stock_off = outcome.stock_loss, abs(outcome.stock_loss - outcome.loss32)
+        if not (stock_off > bound and abs(stock - outcome.loss) <= 0.1 * stock_off):
+            failures.append(f"loss not compared ({LOSS_NOT_COMPARED[case.name]}), but stock's {stock} is not "
+                            f"as far from float32's {outcome.loss32}, or ours {outcome.loss} is not by it")
     elif not outcome.delta() <= bound:
         failures.append(f"inference loss {outcome.loss} vs float32 {outcome.loss32}: |d|={outcome.delta():.3g} > {bound:.3g}")
     if failures:
@@ -962,7 +964,8 @@ def census_markdown() -> str:
                      + " | ".join(cells) + " |")
     lines.append("")
     for name, why in sorted(LOSS_NOT_COMPARED.items()):
-        lines.append(f"`{name}`'s loss is checked against stock Keras's under the same policy, not float32's: {why}.")
+        lines.append(f"`{name}`'s loss is checked against stock Keras's under the same policy, not float32's: {why} "
+                     "(ours within a tenth of stock's distance from float32's).")
         lines.append("")
     lines.append(f"{len(CASES)} families. Not run, each with its reason:")
     lines.append("")
