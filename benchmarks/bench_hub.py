@@ -45,7 +45,7 @@ except ImportError:  # a test dependency (pyproject's [test] extra), not one of 
     sys.exit("bench_hub.py needs keras-hub: pip install -e '.[test]' (what `make bench` uses) or pip install keras-hub")
 
 import keras_amp  # noqa: E402
-from bench_time import BatchTimer, _traces  # noqa: E402
+from bench_time import _traces, fit_block, rotated  # noqa: E402
 from report import paired  # noqa: E402
 
 CONFIGS = ("float32", "stock", "keras_amp")
@@ -201,17 +201,7 @@ def run_family(family: str, policy: str, s: Sizes, blocks: int, steps: int, warm
         models[config].fit(data[config], steps_per_epoch=warmup, epochs=1, verbose=0, shuffle=False)  # traced as built
     keras_amp.disable()
     keras.config.set_dtype_policy("float32")
-    per_block = []
-    for block in range(blocks):
-        order = CONFIGS[block % len(CONFIGS):] + CONFIGS[: block % len(CONFIGS)]
-        medians = {}
-        for config in order:
-            timer = BatchTimer()
-            models[config].fit(
-                data[config], steps_per_epoch=steps + 1, epochs=1, verbose=0, shuffle=False, callbacks=[timer]
-            )
-            medians[config] = statistics.median(timer.times)
-        per_block.append(medians)
+    per_block = [fit_block(models, data, rotated(CONFIGS, block), steps)[0] for block in range(blocks)]
     traces = {c: _traces(models[c]) for c in CONFIGS}  # 1 each: nothing traced again inside the blocks
     keras.backend.clear_session()
     return {

@@ -26,6 +26,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Sequence
 
 from keras_amp_console import import_tensorflow_quietly  # noqa: E402
 
@@ -59,6 +60,25 @@ class BatchTimer(keras.callbacks.Callback):
             self.times.append(now[0] - self._last[0])
             self.cpu_times.append(now[1] - self._last[1])
         self._last = now
+
+
+def rotated(names: Sequence[str], block: int) -> list[str]:
+    """`names` rotated by `block`, so each configuration runs first, second, ... in turn across blocks."""
+    k = block % len(names)
+    return [*names[k:], *names[:k]]
+
+
+def fit_block(models: dict[str, keras.Model], data: dict[str, tf.data.Dataset], order: list[str], steps: int,
+              callbacks: dict[str, list] | None = None) -> tuple[dict[str, float], dict[str, float]]:
+    """One measurement block: each model in `order` trains `steps` + 1 batches of its data in one `fit`
+    (the first batch's end only starts the clock). Returns the median wall and CPU seconds per batch of each."""
+    wall, cpu = {}, {}
+    for name in order:
+        timer = BatchTimer()
+        models[name].fit(data[name], steps_per_epoch=steps + 1, epochs=1, verbose=0, shuffle=False,
+                         callbacks=[timer, *(callbacks or {}).get(name, [])])
+        wall[name], cpu[name] = statistics.median(timer.times), statistics.median(timer.cpu_times)
+    return wall, cpu
 
 
 def _traces(model: keras.Model) -> int | None:
@@ -119,16 +139,8 @@ def run(args: argparse.Namespace) -> dict:
     cpu_blocks: list[dict[str, float]] = []
     forward_blocks: list[dict[str, float]] = []
     for block in range(args.blocks):
-        order = names[block % len(names):] + names[: block % len(names)]
-        medians, cpu = {}, {}
-        for name in order:
-            timer = BatchTimer()
-            models[name].fit(
-                data, steps_per_epoch=args.steps + 1, epochs=1, verbose=0, shuffle=False,
-                callbacks=[timer, *extra[name]]
-            )
-            medians[name] = statistics.median(timer.times)
-            cpu[name] = statistics.median(timer.cpu_times)
+        order = rotated(names, block)
+        medians, cpu = fit_block(models, {name: data for name in names}, order, args.steps, extra)
         blocks.append(medians)
         cpu_blocks.append(cpu)
         print(

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_hub  # noqa: E402
+import bench_time  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -38,6 +39,11 @@ def test_each_configuration_is_what_it_names():
         assert model.output.shape == (None, s.classes), family
 
 
+def test_blocks_rotate_so_each_configuration_runs_in_each_position():
+    orders = [bench_time.rotated(("a", "b", "c"), block) for block in range(4)]
+    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+
+
 @pytest.mark.slow
 def test_a_family_is_timed_in_interleaved_blocks_after_one_that_fails(monkeypatch, tmp_path, capsys):
     def broken(s):
@@ -57,6 +63,8 @@ def test_a_family_is_timed_in_interleaved_blocks_after_one_that_fails(monkeypatc
     for result in saved["results"][1:]:
         assert len(result["blocks"]) == 2 and result["traces"] == {c: 1 for c in bench_hub.CONFIGS}
         assert all(set(block) == set(bench_hub.CONFIGS) and min(block.values()) > 0 for block in result["blocks"])
+        # Each block's configurations in the order they ran: rotated from block to block.
+        assert [list(block) for block in result["blocks"]] == [bench_time.rotated(bench_hub.CONFIGS, i) for i in (0, 1)]
         median, low, high = result["keras_amp/stock"]
         assert low <= median <= high
         assert f"| {result['family']} | {result['ms']['float32']:.1f} |" in printed
