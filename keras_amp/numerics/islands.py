@@ -2,8 +2,10 @@
 
 Shared by the float32-island layers (`keras_amp.layers`), the matmul rule (`keras_amp.op_rules.matmul`,
 for `keras_amp.matmul16_policy` and for a weight's product on float32 kernels), the einsum-rows rule and
-the convolution-gradient rule (`float32_kernels`).
+the convolution-gradient rule (`float32_kernels`, `onednn_bfloat16_kernels`).
 """
+
+import functools
 
 import keras
 import tensorflow as tf
@@ -136,6 +138,22 @@ def float32_kernels(dtype) -> bool:
     dtype = tf.as_dtype(dtype)
     if (dtype not in (tf.bfloat16, tf.float16) or not hardware.emulated(dtype.name)
             or _in_xla_context is None or _in_save_context is None or _in_save_context()):
+        return False
+    return tf.executing_eagerly() or not _in_xla_context(tf.compat.v1.get_default_graph())
+
+
+@functools.lru_cache(maxsize=None)
+def _native_bfloat16_cpu() -> bool:
+    device = hardware.detect()
+    return not device.gpus and not device.tpu_count and device.cpu_fast_bfloat16
+
+
+def onednn_bfloat16_kernels(dtype) -> bool:
+    """Whether a `dtype` op built now runs on oneDNN's native bfloat16 kernels: bfloat16, a CPU alone
+    whose oneDNN runs bfloat16 natively, outside XLA and outside a SavedModel being written
+    (`float32_kernels`' exclusions)."""
+    if (tf.as_dtype(dtype) != tf.bfloat16 or not _native_bfloat16_cpu() or _in_xla_context is None
+            or _in_save_context is None or _in_save_context()):
         return False
     return tf.executing_eagerly() or not _in_xla_context(tf.compat.v1.get_default_graph())
 

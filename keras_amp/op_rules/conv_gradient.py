@@ -21,6 +21,11 @@ convolutions are Eigen's too, unless the CPU has float16 instructions, where one
 nothing was measured), a step compiled with XLA (`jit_compile=True`: XLA's own kernels), a
 SavedModel being written, and operands of two dtypes (Keras's error, as without keras_amp): the
 decision is `numerics.islands.float32_kernels`, the RNN weight matmuls' too.
+
+One exception where oneDNN runs bfloat16 natively (`islands.onednn_bfloat16_kernels`): its bfloat16
+depthwise-convolution gradients are fast only for a 3x3 kernel at stride 1 (2-D, no dilation). With a
+stride of 2 or a 5x5 kernel they took 2-20x float32's time (BUILD_NOTES), so the depthwise and separable
+convolutions other than that one shape get the float32 gradients too.
 """
 
 from __future__ import annotations
@@ -30,20 +35,33 @@ from typing import Callable
 import tensorflow as tf
 
 from keras_amp.custom_gradient import custom_gradient
-from keras_amp.numerics.islands import float32_kernels
+from keras_amp.numerics.islands import float32_kernels, onednn_bfloat16_kernels
 from keras_amp.op_rules.bias_add import dense_dtype
 
 
-def _float32_gradients(original: Callable, operands: int) -> Callable:
+def _fast_onednn_depthwise(kernel: tf.Tensor, rest: tuple, kwargs: dict) -> bool:
+    """Whether oneDNN's bfloat16 gradients of this depthwise convolution are its fast ones: a 2-D 3x3
+    `kernel` at stride 1 without dilation (`strides`, `dilation_rate` as Keras's ops pass them)."""
+    strides = kwargs.get("strides", rest[0] if rest else 1)
+    dilation = kwargs.get("dilation_rate", rest[3] if len(rest) > 3 else 1)
+    ones = lambda v: all(int(d) == 1 for d in (v if isinstance(v, (tuple, list)) else (v,)))  # noqa: E731
+    return tuple(kernel.shape[:-2]) == (3, 3) and ones(strides) and ones(dilation)
+
+
+def _float32_gradients(original: Callable, operands: int, depthwise: bool = False) -> Callable:
     """`original` (a TF-backend convolution whose first `operands` positional arguments are its input and
     kernels, as Keras's ops pass them) with the gradients of the module doc; every other call is the
-    original's."""
+    original's. `depthwise`: its second operand is a depthwise kernel (the module doc's exception)."""
 
     def conv(*args, **kwargs):
         tensors, rest = args[:operands], args[operands:]
         dtype = dense_dtype(tensors[0]) if tensors else None
         if (len(tensors) < operands or dtype not in ("bfloat16", "float16")
-                or any(dense_dtype(k) != dtype for k in tensors[1:]) or not float32_kernels(dtype)):
+                or any(dense_dtype(k) != dtype for k in tensors[1:])):
+            return original(*args, **kwargs)
+        slow_onednn = (depthwise and onednn_bfloat16_kernels(dtype)
+                       and not _fast_onednn_depthwise(tf.convert_to_tensor(tensors[1]), rest, kwargs))
+        if not (float32_kernels(dtype) or slow_onednn):
             return original(*args, **kwargs)
 
         def convolve(*operand_values):
@@ -69,11 +87,15 @@ def _float32_gradients(original: Callable, operands: int) -> Callable:
 
 
 def float32_conv_gradients(original: Callable) -> Callable:
-    """Replaces a TF-backend convolution of an input and one kernel (`conv`, `depthwise_conv`,
-    `conv_transpose`; module doc)."""
+    """Replaces a TF-backend convolution of an input and one kernel (`conv`, `conv_transpose`; module doc)."""
     return _float32_gradients(original, 2)
+
+
+def float32_depthwise_conv_gradients(original: Callable) -> Callable:
+    """Replaces the TF backend's `depthwise_conv` (an input and a depthwise kernel; module doc)."""
+    return _float32_gradients(original, 2, depthwise=True)
 
 
 def float32_separable_conv_gradients(original: Callable) -> Callable:
     """Replaces the TF backend's `separable_conv` (an input, a depthwise and a pointwise kernel; module doc)."""
-    return _float32_gradients(original, 3)
+    return _float32_gradients(original, 3, depthwise=True)

@@ -27,7 +27,11 @@ from keras_amp import policy as amp_policy
 from keras_amp import validation
 from keras_amp.op_rules.attention import dot_product_attention_rule, mha_attention_rule
 from keras_amp.op_rules.bias_add import float32_bias_gradient
-from keras_amp.op_rules.conv_gradient import float32_conv_gradients, float32_separable_conv_gradients
+from keras_amp.op_rules.conv_gradient import (
+    float32_conv_gradients,
+    float32_depthwise_conv_gradients,
+    float32_separable_conv_gradients,
+)
 from keras_amp.op_rules.einsum_rows import einsum_rows
 from keras_amp.op_rules.float32_ops import (
     float32_batch_normalization,
@@ -95,7 +99,7 @@ _FACTORIES: dict[str, Callable | None] = {
     f"{TF_NN}.gelu": upcast_recompute_gelu,
     f"{TF_NN}.silu": graph_freeing_silu,
     f"{TF_NN}.conv": float32_conv_gradients,
-    f"{TF_NN}.depthwise_conv": float32_conv_gradients,
+    f"{TF_NN}.depthwise_conv": float32_depthwise_conv_gradients,
     f"{TF_NN}.separable_conv": float32_separable_conv_gradients,
     f"{TF_NN}.conv_transpose": float32_conv_gradients,
     XLA_CONTEXT: None,

@@ -167,7 +167,8 @@ RULES: tuple[Rule, ...] = (
          "mixed_bfloat16); the rule keeps the forward convolution and computes both gradients with float32 "
          "kernels from exact upcasts, each rounded once (the depthwise and separable ones too; a transposed "
          "convolution's forward pass, itself an input-gradient kernel, stays Keras's). Not on a GPU, TPU or a CPU "
-         "with native bfloat16 (for bfloat16), nor under XLA"),
+         "with native bfloat16 (for bfloat16), nor under XLA; except there a bfloat16 depthwise or separable "
+         "convolution other than 2-D 3x3 at stride 1, whose oneDNN gradient kernels took 2-20x float32's"),
     Rule(UPCAST_WEIGHT_OP, "", "float32", "input dtype", BOTH, "keras_amp", (MATMUL, EINSUM),
          "speed and rounding: without oneDNN's native bfloat16 (AVX2-only CPUs, oneDNN off), and for float16 on "
          "a CPU without float16 instructions, TensorFlow's 16-bit matmuls are Eigen's, slower than its float32 "

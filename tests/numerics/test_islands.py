@@ -122,3 +122,30 @@ def test_cast_weight_in_another_loop_stays_in_it():
     graph = run.get_concrete_function().graph
     assert [len(_kernel_casts(body)) for body in while_bodies(graph)] == [1]
     assert float(run()) == 12 * (2 + 3 + 4)  # read after each assignment: 2, 3 and 4 in all 12 entries
+
+
+def test_onednn_bfloat16_kernels_is_bfloat16_on_a_native_cpu_in_graphs_outside_xla_and_saving(monkeypatch, tmp_path):
+    monkeypatch.setattr(islands, "_native_bfloat16_cpu", lambda: True)
+    seen = {}
+
+    @tf.function
+    def graph():
+        seen["graph"] = (islands.onednn_bfloat16_kernels("bfloat16"), islands.onednn_bfloat16_kernels(tf.float16))
+        return tf.constant(0.0)
+
+    @tf.function(jit_compile=True)
+    def compiled():
+        seen["xla"] = islands.onednn_bfloat16_kernels("bfloat16")
+        return tf.constant(0.0)
+
+    graph()
+    compiled()
+    module = tf.Module()
+    module.f = tf.function(lambda: graph.python_function(), input_signature=[])
+    seen["graph"], graph_seen = None, seen["graph"]
+    tf.saved_model.save(module, str(tmp_path / "saved"))  # traced again while the SavedModel is written
+    assert graph_seen == (True, False) and seen["xla"] is False and seen["graph"] == (False, False)
+    assert islands.onednn_bfloat16_kernels("bfloat16")  # eager: the ops run as they come
+    monkeypatch.setattr(islands, "_native_bfloat16_cpu", lambda: False)  # a GPU, or no native bfloat16
+    graph.python_function()
+    assert seen["graph"] == (False, False)

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 import keras_amp
 from keras_amp import hardware, op_rules
+from keras_amp.numerics import islands
 from keras_amp.op_rules import conv_gradient
 from tests.helpers import UNIT_ROUNDOFF, ZEN4, gpus, np64
 
@@ -229,3 +230,65 @@ def test_eager_gradients_are_the_graphs_and_a_cnn_fits(rule_on):
     before = model.evaluate(x, y, verbose=0)
     model.fit(x, y, epochs=5, batch_size=32, verbose=0)
     assert model.evaluate(x, y, verbose=0) < before  # it learns
+
+
+# Depthwise convolutions where oneDNN runs bfloat16 natively: its bfloat16 gradients are fast only for a
+# 2-D 3x3 kernel at stride 1 without dilation; every other shape gets the float32 gradients.
+ONEDNN_DEPTHWISE = {
+    "3x3": (lambda p: keras.layers.DepthwiseConv2D(3, 1, "same", use_bias=False, dtype=p), (4, 12, 12, 8), "bfloat16"),
+    "3x3_stride2": (lambda p: keras.layers.DepthwiseConv2D(3, 2, "same", use_bias=False, dtype=p), (4, 13, 13, 8),
+                    "float32"),
+    "5x5": (lambda p: keras.layers.DepthwiseConv2D(5, 1, "same", use_bias=False, dtype=p), (4, 12, 12, 8), "float32"),
+    "3x3_dilated": (lambda p: keras.layers.DepthwiseConv2D(3, dilation_rate=2, use_bias=False, dtype=p),
+                    (4, 12, 12, 8), "float32"),
+    "1d_3": (lambda p: keras.layers.DepthwiseConv1D(3, use_bias=False, dtype=p), (4, 20, 8), "float32"),
+    "separable_3x3": (lambda p: keras.layers.SeparableConv2D(8, 3, padding="same", use_bias=False, dtype=p),
+                      (4, 12, 12, 8), "bfloat16"),
+    "separable_5x5_stride2": (lambda p: keras.layers.SeparableConv2D(8, 5, 2, "same", use_bias=False, dtype=p),
+                              (4, 13, 13, 8), "float32"),
+}
+
+
+@pytest.fixture
+def native_bfloat16(monkeypatch):
+    """As on a CPU alone whose oneDNN runs bfloat16 natively (Zen 4, a Xeon with AMX), on any machine."""
+    monkeypatch.setattr(hardware, "emulated", lambda dtype: dtype == "float16")
+    monkeypatch.setattr(islands, "_native_bfloat16_cpu", lambda: True)
+
+
+def _backprop_dtypes(graph):
+    return {op.outputs[0].dtype.name for op in graph.get_operations()
+            if op.name.startswith("gradient_tape/") and "Backprop" in op.type}
+
+
+@pytest.mark.parametrize("name", ONEDNN_DEPTHWISE)
+def test_onednn_bfloat16_depthwise_gradients_are_float32_except_at_3x3_stride_1(name, native_bfloat16):
+    make, shape, backprop = ONEDNN_DEPTHWISE[name]
+    layer, x, upstream, ours, graph = _stock_then_ours(make, shape, "bfloat16", _all_gradients, seed=4, scale=0.3)
+    assert _backprop_dtypes(graph) == {backprop}
+    if backprop == "float32":  # float32 sums rounded once, as everywhere the rule is taken
+        weights = [np64(tf.cast(w, tf.bfloat16)) for w in layer.trainable_weights]
+        refs = _float64_gradients(make, shape, weights, np64(x), np64(tf.cast(upstream, tf.bfloat16)))
+        for got, ref in zip(ours[1:], refs, strict=True):
+            once = np64(tf.cast(tf.constant(ref), tf.bfloat16))
+            assert np.mean(got == once) > 0.99, np.mean(got == once)
+
+
+def test_onednn_depthwise_exception_is_bfloat16_on_a_native_cpu_outside_xla(native_bfloat16, monkeypatch):
+    make, shape, _ = ONEDNN_DEPTHWISE["5x5"]
+    layer, x, upstream, _, graph = _stock_then_ours(make, shape, "bfloat16", _all_gradients, seed=5, scale=0.3)
+    assert _backprop_dtypes(graph) == {"float32"}  # guard: taken here
+    @tf.function(jit_compile=True)
+    def compiled(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x)
+        return tape.gradient(y, [x, layer.kernel], output_gradients=tf.cast(upstream, y.dtype))
+
+    assert _backprop_dtypes(compiled.get_concrete_function(x).graph) == {"bfloat16"}  # XLA: its own kernels
+    monkeypatch.setattr(hardware, "emulated", lambda dtype: False)  # float16 instructions too (a Xeon with AMX)
+    *_, graph16 = _stock_then_ours(make, shape, "float16", _all_gradients, seed=5, scale=0.3)
+    assert _backprop_dtypes(graph16) == {"float16"}  # the exception is oneDNN's bfloat16 kernels' only
+    monkeypatch.setattr(islands, "_native_bfloat16_cpu", lambda: False)  # a GPU: Keras's
+    layer, x, upstream, _, graph = _stock_then_ours(make, shape, "bfloat16", _all_gradients, seed=5, scale=0.3)
+    assert _backprop_dtypes(graph) == {"bfloat16"}
