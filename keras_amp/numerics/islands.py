@@ -143,7 +143,8 @@ def float32_kernels(dtype) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _native_bfloat16_cpu() -> bool:
+def native_bfloat16_cpu() -> bool:
+    """Whether this machine's devices are a CPU alone whose oneDNN runs bfloat16 natively."""
     device = hardware.detect()
     return not device.gpus and not device.tpu_count and device.cpu_fast_bfloat16
 
@@ -152,7 +153,7 @@ def onednn_bfloat16_kernels(dtype) -> bool:
     """Whether a `dtype` op built now runs on oneDNN's native bfloat16 kernels: bfloat16, a CPU alone
     whose oneDNN runs bfloat16 natively, outside XLA and outside a SavedModel being written
     (`float32_kernels`' exclusions)."""
-    if (tf.as_dtype(dtype) != tf.bfloat16 or not _native_bfloat16_cpu() or _in_xla_context is None
+    if (tf.as_dtype(dtype) != tf.bfloat16 or not native_bfloat16_cpu() or _in_xla_context is None
             or _in_save_context is None or _in_save_context()):
         return False
     return tf.executing_eagerly() or not _in_xla_context(tf.compat.v1.get_default_graph())

@@ -26,22 +26,19 @@ Rebuilding the matmul for the gelu does not avoid it: Grappler merges the copy b
 
 from __future__ import annotations
 
-import functools
-
 import tensorflow as tf
 
-from keras_amp import _compat, hardware
+from keras_amp import _compat
 from keras_amp.custom_gradient import is_transparent
+from keras_amp.numerics import islands
 from keras_amp.op_rules import bias_add
 
 _could_possibly_record = _compat.original("tensorflow.python.eager.record.could_possibly_record")
 
 
-@functools.lru_cache(maxsize=None)
 def device_fuses() -> bool:
     """Whether this machine's devices run the fused bfloat16 kernel: a CPU alone, oneDNN bfloat16 native."""
-    device = hardware.detect()
-    return not device.gpus and not device.tpu_count and device.cpu_fast_bfloat16
+    return islands.native_bfloat16_cpu()
 
 
 def _matmul_bias(x16: tf.Tensor) -> tf.Tensor | None:

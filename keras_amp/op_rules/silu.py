@@ -14,7 +14,7 @@ On a 16-bit input with keras_amp's XLA kernels on (`enable(xla_scores=True)`, th
 backward pass is one XLA computation (`numerics.silu.backward`: float32 arithmetic, one rounding)
 instead of TensorFlow's six 16-bit element-wise ops, and so is the forward pass except where
 TensorFlow's own 16-bit ops are faster: bfloat16 on a CPU alone whose oneDNN runs bfloat16 natively
-(`fused_gelu.device_fuses`; its `x * sigmoid(x)` there keeps TensorFlow's two roundings). Otherwise,
+(`islands.onednn_bfloat16_kernels`; its `x * sigmoid(x)` there keeps TensorFlow's two roundings). Otherwise,
 and for float32 inputs, the rule is `tf.nn.silu`'s arithmetic, op for op (forward `x * sigmoid(x)`;
 backward the sigmoid recomputed after the incoming gradient, `dy * (s * (1 + x * (1 - s)))`).
 Eager calls are TensorFlow's.
@@ -27,8 +27,8 @@ from typing import Callable
 import tensorflow as tf
 
 from keras_amp.custom_gradient import custom_gradient
+from keras_amp.numerics import islands
 from keras_amp.numerics import silu as silu_numerics
-from keras_amp.op_rules import fused_gelu
 
 _16BIT = (tf.float16, tf.bfloat16)
 
@@ -41,7 +41,7 @@ def graph_freeing_silu(original: Callable, *, xla_scores: bool = True) -> Callab
         if tf.executing_eagerly() or not x.dtype.is_floating:
             return original(x)
         fused = xla_scores and x.dtype in _16BIT
-        tf_forward = not fused or (x.dtype == tf.bfloat16 and fused_gelu.device_fuses())
+        tf_forward = not fused or islands.onednn_bfloat16_kernels(x.dtype)
 
         @custom_gradient
         def f(features):

@@ -125,7 +125,7 @@ def test_cast_weight_in_another_loop_stays_in_it():
 
 
 def test_onednn_bfloat16_kernels_is_bfloat16_on_a_native_cpu_in_graphs_outside_xla_and_saving(monkeypatch, tmp_path):
-    monkeypatch.setattr(islands, "_native_bfloat16_cpu", lambda: True)
+    monkeypatch.setattr(islands, "native_bfloat16_cpu", lambda: True)
     seen = {}
 
     @tf.function
@@ -146,6 +146,6 @@ def test_onednn_bfloat16_kernels_is_bfloat16_on_a_native_cpu_in_graphs_outside_x
     tf.saved_model.save(module, str(tmp_path / "saved"))  # traced again while the SavedModel is written
     assert graph_seen == (True, False) and seen["xla"] is False and seen["graph"] == (False, False)
     assert islands.onednn_bfloat16_kernels("bfloat16")  # eager: the ops run as they come
-    monkeypatch.setattr(islands, "_native_bfloat16_cpu", lambda: False)  # a GPU, or no native bfloat16
+    monkeypatch.setattr(islands, "native_bfloat16_cpu", lambda: False)  # a GPU, or no native bfloat16
     graph.python_function()
     assert seen["graph"] == (False, False)

@@ -253,7 +253,7 @@ ONEDNN_DEPTHWISE = {
 def native_bfloat16(monkeypatch):
     """As on a CPU alone whose oneDNN runs bfloat16 natively (Zen 4, a Xeon with AMX), on any machine."""
     monkeypatch.setattr(hardware, "emulated", lambda dtype: dtype == "float16")
-    monkeypatch.setattr(islands, "_native_bfloat16_cpu", lambda: True)
+    monkeypatch.setattr(islands, "native_bfloat16_cpu", lambda: True)
 
 
 def _backprop_dtypes(graph):
@@ -289,6 +289,6 @@ def test_onednn_depthwise_exception_is_bfloat16_on_a_native_cpu_outside_xla(nati
     monkeypatch.setattr(hardware, "emulated", lambda dtype: False)  # float16 instructions too (a Xeon with AMX)
     *_, graph16 = _stock_then_ours(make, shape, "float16", _all_gradients, seed=5, scale=0.3)
     assert _backprop_dtypes(graph16) == {"float16"}  # the exception is oneDNN's bfloat16 kernels' only
-    monkeypatch.setattr(islands, "_native_bfloat16_cpu", lambda: False)  # a GPU: Keras's
+    monkeypatch.setattr(islands, "native_bfloat16_cpu", lambda: False)  # a GPU: Keras's
     layer, x, upstream, _, graph = _stock_then_ours(make, shape, "bfloat16", _all_gradients, seed=5, scale=0.3)
     assert _backprop_dtypes(graph) == {"bfloat16"}

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import keras_amp
-from keras_amp.op_rules import fused_gelu
+from keras_amp.numerics import islands
 
 pytestmark = [pytest.mark.filterwarnings("ignore:mixed_float16 requested:keras_amp.AmpWarning"),
               pytest.mark.usefixtures("no_op_rules")]
@@ -80,7 +80,7 @@ def test_float32_inputs_stay_tensorflows_with_xla_kernels():
 @pytest.mark.parametrize("native_bfloat16", [True, False], ids=["onednn_bfloat16", "no_onednn_bfloat16"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_16bit_gradient_is_one_rounding_of_float64_where_tensorflows_is_not(dtype, native_bfloat16, monkeypatch):
-    monkeypatch.setattr(fused_gelu, "device_fuses", lambda: native_bfloat16)
+    monkeypatch.setattr(islands, "native_bfloat16_cpu", lambda: native_bfloat16)
     x, upstream = _inputs(dtype)
     value, gradient = _reference(x, upstream)
     stock = _value_and_gradient(x, upstream)
