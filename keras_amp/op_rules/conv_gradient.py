@@ -30,7 +30,7 @@ convolutions other than that one shape get the float32 gradients too.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import tensorflow as tf
 
@@ -39,7 +39,7 @@ from keras_amp.numerics.islands import float32_kernels, onednn_bfloat16_kernels
 from keras_amp.op_rules.bias_add import dense_dtype
 
 
-def _fast_onednn_depthwise(kernel: tf.Tensor, rest: tuple, kwargs: dict) -> bool:
+def _fast_onednn_depthwise(kernel: Any, rest: tuple, kwargs: dict) -> bool:
     """Whether oneDNN's bfloat16 gradients of this depthwise convolution are its fast ones: a 2-D 3x3
     `kernel` at stride 1 without dilation (`strides`, `dilation_rate` as Keras's ops pass them)."""
     strides = kwargs.get("strides", rest[0] if rest else 1)
@@ -60,7 +60,7 @@ def _float32_gradients(original: Callable, operands: int, depthwise: bool = Fals
                 or any(dense_dtype(k) != dtype for k in tensors[1:])):
             return original(*args, **kwargs)
         slow_onednn = (depthwise and onednn_bfloat16_kernels(dtype)
-                       and not _fast_onednn_depthwise(tf.convert_to_tensor(tensors[1]), rest, kwargs))
+                       and not _fast_onednn_depthwise(tensors[1], rest, kwargs))
         if not (float32_kernels(dtype) or slow_onednn):
             return original(*args, **kwargs)
 

@@ -278,14 +278,8 @@ def test_onednn_depthwise_exception_is_bfloat16_on_a_native_cpu_outside_xla(nati
     make, shape, _ = ONEDNN_DEPTHWISE["5x5"]
     layer, x, upstream, _, graph = _stock_then_ours(make, shape, "bfloat16", _all_gradients, seed=5, scale=0.3)
     assert _backprop_dtypes(graph) == {"float32"}  # guard: taken here
-    @tf.function(jit_compile=True)
-    def compiled(x):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = layer(x)
-        return tape.gradient(y, [x, layer.kernel], output_gradients=tf.cast(upstream, y.dtype))
-
-    assert _backprop_dtypes(compiled.get_concrete_function(x).graph) == {"bfloat16"}  # XLA: its own kernels
+    xla = _gradients(layer, x, upstream, jit_compile=True)[1]
+    assert _backprop_dtypes(xla) == {"bfloat16"}  # XLA: its own kernels
     monkeypatch.setattr(hardware, "emulated", lambda dtype: False)  # float16 instructions too (a Xeon with AMX)
     *_, graph16 = _stock_then_ours(make, shape, "float16", _all_gradients, seed=5, scale=0.3)
     assert _backprop_dtypes(graph16) == {"float16"}  # the exception is oneDNN's bfloat16 kernels' only
