@@ -76,7 +76,7 @@ def _text(s: Sizes, **extra) -> dict:
 # Mistral, Gemma, Gemma3, Qwen3) or a literal one (Falcon, GPT-NeoX, Phi3, T5, DeBERTaV3 and XLNet with
 # their relative-position score terms), `ops.matmul` (Bloom), `q @ k` (SegFormer's MiT); rotary
 # embeddings (ESM, RoFormerV2); norms computed by the model (T5's rsqrt, Phi3's and Qwen3's float32
-# casts); and a convnet (ResNet, batch norm).
+# casts); and convnets (ResNet, batch norm; EfficientNet and MobileNet, depthwise convolutions).
 FAMILIES: dict[str, Callable[[Sizes], keras.Model]] = {
     "bert": lambda s: hub.BertBackbone(**_text(s, num_heads=s.heads, max_sequence_length=s.seq)),
     "gpt2": lambda s: hub.GPT2Backbone(**_text(s, num_heads=s.heads, max_sequence_length=s.seq)),
@@ -126,8 +126,27 @@ FAMILIES: dict[str, Callable[[Sizes], keras.Model]] = {
         stackwise_num_blocks=[1, 1, 1], stackwise_num_strides=[1, 2, 2], block_type="basic_block",
         image_shape=(s.image, s.image, 3),
     ),
+    "efficientnet": lambda s: hub.EfficientNetBackbone(  # EfficientNet-B0's stacks (narrower in smoke sizes)
+        stackwise_width_coefficients=[s.hidden / FULL.hidden] * 7, stackwise_depth_coefficients=[1.0] * 7,
+        stackwise_kernel_sizes=[3, 3, 5, 3, 5, 5, 3], stackwise_num_repeats=[1, 2, 2, 3, 3, 4, 1],
+        stackwise_input_filters=[32, 16, 24, 40, 80, 112, 192],
+        stackwise_output_filters=[16, 24, 40, 80, 112, 192, 320],
+        stackwise_expansion_ratios=[1, 6, 6, 6, 6, 6, 6], stackwise_squeeze_and_excite_ratios=[0.25] * 7,
+        stackwise_strides=[1, 2, 2, 2, 1, 2, 1], stackwise_block_types=["v1"] * 7, input_shape=(s.image, s.image, 3),
+    ),
+    "mobilenet": lambda s: hub.MobileNetBackbone(  # keras-hub's docstring configuration (MobileNetV3)
+        stackwise_expansion=[[40, 56], [64, 144, 144], [72, 72], [144, 288, 288]], stackwise_num_blocks=[2, 3, 2, 3],
+        stackwise_num_filters=[[16, 16], [24, 24, 24], [24, 24], [48, 48, 48]],
+        stackwise_kernel_size=[[3, 3], [5, 5, 5], [5, 5], [5, 5, 5]],
+        stackwise_num_strides=[[2, 1], [2, 1, 1], [1, 1], [2, 1, 1]],
+        stackwise_se_ratio=[[None, None], [0.25] * 3, [0.3, 0.3], [0.3, 0.25, 0.25]],
+        stackwise_activation=[["relu"] * 2, ["hard_swish"] * 3, ["hard_swish"] * 2, ["hard_swish"] * 3],
+        stackwise_padding=[[1, 1], [2, 2, 2], [2, 2], [2, 2, 2]], output_num_filters=288, input_activation="hard_swish",
+        output_activation="hard_swish", input_num_filters=16, image_shape=(s.image, s.image, 3), depthwise_filters=8,
+        depthwise_stride=2, depthwise_residual=False, last_layer_filter=288, squeeze_and_excite=0.5,
+    ),
 }
-IMAGES = {"vit", "dinov2", "segformer", "resnet"}
+IMAGES = {"vit", "dinov2", "segformer", "resnet", "efficientnet", "mobilenet"}
 # The output the head reads, of the encoder-decoders.
 OUTPUT = {"t5": "decoder_sequence_output", "bart": "decoder_sequence_output"}
 

@@ -2,7 +2,7 @@
 
 Shared by the float32-island layers (`keras_amp.layers`), the matmul rule (`keras_amp.op_rules.matmul`,
 for `keras_amp.matmul16_policy` and for a weight's product on float32 kernels), the einsum-rows rule and
-the convolution-gradient rule (`float32_kernels`, `onednn_bfloat16_kernels`).
+the convolution-gradient rule (`float32_kernels`, `onednn_bfloat16_kernels`, `cpu_kernels`).
 """
 
 import functools
@@ -131,32 +131,45 @@ def weight_matmul(x, weight, dtype, columns=None, matmul=tf.matmul):
     return _float32_summed_matmul(x, w, w32, matmul)
 
 
+def _own_kernels_now() -> bool:
+    """Whether an op built now runs on TensorFlow's own kernels: outside XLA (its own kernels) and outside a
+    SavedModel being written (it may be served on another device)."""
+    if _in_xla_context is None or _in_save_context is None or _in_save_context():
+        return False
+    return tf.executing_eagerly() or not _in_xla_context(tf.compat.v1.get_default_graph())
+
+
 def float32_kernels(dtype) -> bool:
     """Whether a 16-bit `dtype` product (matmul, convolution) built now runs on float32 kernels from
     exact upcasts: where this device's 16-bit kernels are Eigen's (`hardware.emulated`), outside XLA
-    (its own kernels) and outside a SavedModel being written (it may be served on another device)."""
+    and outside a SavedModel being written (`_own_kernels_now`)."""
     dtype = tf.as_dtype(dtype)
-    if (dtype not in (tf.bfloat16, tf.float16) or not hardware.emulated(dtype.name)
-            or _in_xla_context is None or _in_save_context is None or _in_save_context()):
-        return False
-    return tf.executing_eagerly() or not _in_xla_context(tf.compat.v1.get_default_graph())
+    return dtype in (tf.bfloat16, tf.float16) and hardware.emulated(dtype.name) and _own_kernels_now()
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_alone() -> bool:
+    """Whether this machine's devices are a CPU alone (no GPU, no TPU)."""
+    device = hardware.detect()
+    return not device.gpus and not device.tpu_count
 
 
 @functools.lru_cache(maxsize=None)
 def native_bfloat16_cpu() -> bool:
     """Whether this machine's devices are a CPU alone whose oneDNN runs bfloat16 natively."""
-    device = hardware.detect()
-    return not device.gpus and not device.tpu_count and device.cpu_fast_bfloat16
+    return cpu_alone() and hardware.detect().cpu_fast_bfloat16
 
 
 def onednn_bfloat16_kernels(dtype) -> bool:
     """Whether a `dtype` op built now runs on oneDNN's native bfloat16 kernels: bfloat16, a CPU alone
-    whose oneDNN runs bfloat16 natively, outside XLA and outside a SavedModel being written
-    (`float32_kernels`' exclusions)."""
-    if (tf.as_dtype(dtype) != tf.bfloat16 or not native_bfloat16_cpu() or _in_xla_context is None
-            or _in_save_context is None or _in_save_context()):
-        return False
-    return tf.executing_eagerly() or not _in_xla_context(tf.compat.v1.get_default_graph())
+    whose oneDNN runs bfloat16 natively, outside XLA and outside a SavedModel being written."""
+    return tf.as_dtype(dtype) == tf.bfloat16 and native_bfloat16_cpu() and _own_kernels_now()
+
+
+def cpu_kernels(dtype) -> bool:
+    """Whether a 16-bit `dtype` op built now runs on TensorFlow's CPU kernels: a CPU alone, outside XLA and
+    outside a SavedModel being written."""
+    return tf.as_dtype(dtype) in (tf.bfloat16, tf.float16) and cpu_alone() and _own_kernels_now()
 
 
 def _rows(t):

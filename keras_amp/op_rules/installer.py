@@ -28,6 +28,7 @@ from keras_amp import validation
 from keras_amp.op_rules.attention import dot_product_attention_rule, mha_attention_rule
 from keras_amp.op_rules.bias_add import float32_bias_gradient
 from keras_amp.op_rules.conv_gradient import (
+    conv_with_depthwise_groups,
     float32_conv_gradients,
     float32_depthwise_conv_gradients,
     float32_separable_conv_gradients,
@@ -98,7 +99,7 @@ _FACTORIES: dict[str, Callable | None] = {
     "keras.src.backend.tensorflow.numpy.arange": float16_arange,
     f"{TF_NN}.gelu": upcast_recompute_gelu,
     f"{TF_NN}.silu": graph_freeing_silu,
-    f"{TF_NN}.conv": float32_conv_gradients,
+    f"{TF_NN}.conv": lambda f: conv_with_depthwise_groups(f, _compat.original(f"{TF_NN}.depthwise_conv")),
     f"{TF_NN}.depthwise_conv": float32_depthwise_conv_gradients,
     f"{TF_NN}.separable_conv": float32_separable_conv_gradients,
     f"{TF_NN}.conv_transpose": float32_conv_gradients,

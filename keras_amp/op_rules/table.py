@@ -73,6 +73,7 @@ EINSUM = "keras.src.backend.tensorflow.numpy.einsum"
 CAST = "keras.src.backend.tensorflow.core.cast"
 FUSED_BATCH_NORM_OP = "moments and batch_normalization of a float32 or upcast 16-bit activation (BatchNormalization)"
 ROUND_TRIP_CAST_OP = "cast of an exact float32 upcast back to its 16-bit dtype"
+GROUPED_CONV_OP = "grouped convolution with one input channel per group (a depthwise one) on a CPU"
 BIAS_GRADIENT_OP = "bias add (Dense, EinsumDense, convolution biases: `add` of a channel vector), backward pass"
 CONV_GRADIENT_OP = ("convolution (Conv, DepthwiseConv, SeparableConv, ConvTranspose layers) on a CPU without 16-bit "
                     "convolution kernels, backward pass")
@@ -169,6 +170,14 @@ RULES: tuple[Rule, ...] = (
          "convolution's forward pass, itself an input-gradient kernel, stays Keras's). Not on a GPU, TPU or a CPU "
          "with native bfloat16 (for bfloat16), nor under XLA; except there a bfloat16 depthwise or separable "
          "convolution other than 2-D 3x3 at stride 1, whose oneDNN gradient kernels took 2-20x float32's"),
+    Rule(GROUPED_CONV_OP, "", "compute dtype", "input dtype", BOTH, "keras_amp", (f"{TF_NN}.conv",),
+         "speed: Keras runs a grouped convolution on a CPU as an XLA computation, whose convolutions took 5-40x "
+         "the time of TensorFlow's depthwise kernels (forward + backward, float32 and bfloat16 alike); with one "
+         "input channel per group it is a depthwise convolution (keras.applications' ConvNeXt, keras-hub's "
+         "MobileNet), and the rule runs it as TensorFlow's, its kernel reshaped, with the depthwise convolutions' "
+         "gradients above; where the 16-bit kernels are Eigen's (float16 on most CPUs), the forward pass too from "
+         "float32 kernels on exact upcasts, rounded once. Not on a GPU or TPU, under XLA, while a SavedModel is "
+         "written, channels first, nor with several input channels per group (Keras's XLA computation)"),
     Rule(UPCAST_WEIGHT_OP, "", "float32", "input dtype", BOTH, "keras_amp", (MATMUL, EINSUM),
          "speed and rounding: without oneDNN's native bfloat16 (AVX2-only CPUs, oneDNN off), and for float16 on "
          "a CPU without float16 instructions, TensorFlow's 16-bit matmuls are Eigen's, slower than its float32 "
@@ -293,6 +302,7 @@ RELIED_ON = {
     DPA: (f"{TF_NN}._apply_masks",),
     MATMUL: _NAME_SCOPE_STACK,
     **{name: (XLA_CONTEXT,) for name in CONVOLUTIONS},
+    f"{TF_NN}.conv": (XLA_CONTEXT, f"{TF_NN}.depthwise_conv"),  # grouped convolutions as depthwise ones
 }
 
 # What no op-level rule reaches (README "what op-level rules cannot reach").

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 from keras.src.backend import AutocastScope
 
+from keras_amp import hardware
 from keras_amp.numerics import islands
 from keras_amp.numerics.islands import float32_value
 from tests.helpers import MIXED, while_bodies
@@ -149,3 +150,32 @@ def test_onednn_bfloat16_kernels_is_bfloat16_on_a_native_cpu_in_graphs_outside_x
     monkeypatch.setattr(islands, "native_bfloat16_cpu", lambda: False)  # a GPU, or no native bfloat16
     graph.python_function()
     assert seen["graph"] == (False, False)
+
+
+def test_cpu_kernels_is_16_bit_on_a_cpu_alone_in_graphs_outside_xla_and_saving(monkeypatch, tmp_path):
+    monkeypatch.setattr(islands, "cpu_alone", lambda: True)
+    seen = {}
+
+    @tf.function
+    def graph():
+        seen["graph"] = tuple(islands.cpu_kernels(d) for d in ("bfloat16", tf.float16, "float32"))
+        return tf.constant(0.0)
+
+    @tf.function(jit_compile=True)
+    def compiled():
+        seen["xla"] = islands.cpu_kernels("float16")
+        return tf.constant(0.0)
+
+    graph()
+    compiled()
+    graph_seen = seen["graph"]
+    module = tf.Module()
+    module.f = tf.function(lambda: graph.python_function(), input_signature=[])
+    tf.saved_model.save(module, str(tmp_path / "saved"))  # traced again while the SavedModel is written
+    assert graph_seen == (True, True, False) and seen["xla"] is False and seen["graph"] == (False, False, False)
+    assert islands.cpu_kernels("bfloat16")  # eager
+    monkeypatch.setattr(islands, "cpu_alone", lambda: False)  # a GPU or TPU beside the CPU
+    graph.python_function()
+    assert seen["graph"] == (False, False, False)
+    monkeypatch.undo()
+    assert islands.cpu_alone() == (not hardware.detect().gpus and not hardware.detect().tpu_count)

@@ -172,6 +172,15 @@ def test_stock_eigen_kernels_are_far_off_where_the_rule_is_taken():
         assert np.mean(o == once) > 0.99 and np.mean(s == once) < 0.9, (np.mean(o == once), np.mean(s == once))
 
 
+def _bfloat16_layer(make, shape):
+    """The layer under mixed_bfloat16, a bfloat16 batch and an upstream gradient of ones; the rules installed."""
+    layer = make("mixed_bfloat16")
+    layer.build(shape)
+    x = tf.cast(tf.random.stateless_normal(shape, (1, 2)), tf.bfloat16)
+    op_rules.install("bfloat16")
+    return layer, x, tf.ones(layer.compute_output_shape(shape))
+
+
 def test_left_to_keras_with_16bit_kernels_under_xla_and_for_two_dtypes(monkeypatch):
     cpu = dict(cpu_model="AMD EPYC", onednn_enabled=True)
     assert hardware.DeviceInfo(cpu_flags={"avx2"}, **cpu).emulates("bfloat16")
@@ -187,12 +196,7 @@ def test_left_to_keras_with_16bit_kernels_under_xla_and_for_two_dtypes(monkeypat
     with pytest.raises(TypeError, match="`dtype`"):
         ZEN4.emulates(tf.bfloat16)
 
-    make, shape = LAYERS["conv2d_strided"]
-    layer = make("mixed_bfloat16")
-    layer.build(shape)
-    x = tf.cast(tf.random.stateless_normal(shape, (1, 2)), tf.bfloat16)
-    upstream = tf.ones(layer.compute_output_shape(shape))
-    op_rules.install("bfloat16")
+    layer, x, upstream = _bfloat16_layer(*LAYERS["conv2d_strided"])
 
     def backprop_dtypes(graph):
         return {op.outputs[0].dtype.name for op in graph.get_operations() if "Conv2DBackprop" in op.type}
@@ -286,3 +290,68 @@ def test_onednn_depthwise_exception_is_bfloat16_on_a_native_cpu_outside_xla(nati
     monkeypatch.setattr(islands, "native_bfloat16_cpu", lambda: False)  # a GPU: Keras's
     layer, x, upstream, _, graph = _stock_then_ours(make, shape, "bfloat16", _all_gradients, seed=5, scale=0.3)
     assert _backprop_dtypes(graph) == {"bfloat16"}
+
+
+# Depthwise convolutions written as `Conv(groups=channels)` (keras.applications' ConvNeXt, keras-hub's MobileNet):
+# Keras runs a grouped convolution as an XLA computation on a CPU; the rule runs it as TF's depthwise one.
+GROUPED = {
+    "3x3": (lambda p: keras.layers.Conv2D(16, 3, padding="same", groups=16, use_bias=False, dtype=p), (4, 12, 12, 16)),
+    "5x5_stride2_multiplier2": (lambda p: keras.layers.Conv2D(32, 5, 2, "same", groups=16, use_bias=False, dtype=p),
+                                (4, 13, 13, 16)),
+    "7x7_valid": (lambda p: keras.layers.Conv2D(8, 7, groups=8, use_bias=False, dtype=p), (4, 14, 14, 8)),
+    "1d_multiplier2": (lambda p: keras.layers.Conv1D(16, 3, groups=8, use_bias=False, dtype=p), (4, 20, 8)),
+}
+
+
+def _op_types(graph):
+    """Op types of `graph` and of the functions it calls (a custom gradient's ops are in its function)."""
+    definition = graph.as_graph_def()
+    return {n.op for n in definition.node} | {n.op for f in definition.library.function for n in f.node_def}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", GROUPED)
+def test_one_channel_per_group_convolutions_run_as_depthwise_ones_within_one_rounding(name, dtype):
+    make, shape = GROUPED[name]
+    rng = np.random.default_rng(6)
+    layer = make(f"mixed_{dtype}")
+    layer.build(shape)
+    layer.kernel.assign(rng.standard_normal(layer.kernel.shape) * 0.3)
+    x = tf.cast(rng.standard_normal(shape), dtype)
+    upstream = tf.constant(rng.standard_normal(layer.compute_output_shape(shape)), tf.float32)
+    stock, stock_graph = _all_gradients(layer, x, upstream)
+    op_rules.install(dtype)
+    ours, graph = _all_gradients(layer, x, upstream)
+    assert "DepthwiseConv2dNative" in _op_types(graph) and not _op_types(graph) & {"Conv2D", "Conv2DBackpropInput"}
+    assert "Conv2D" in _op_types(stock_graph)  # guard: stock's is the grouped convolution (Keras's XLA function)
+    weights = [np64(tf.cast(layer.kernel, dtype))]
+    dy = np64(tf.cast(upstream, dtype))
+    x64 = np64(x)
+    def forward64(x, kernel):
+        return np.asarray(make("float64").convolution_op(tf.constant(x), tf.constant(kernel)))
+
+    refs = [forward64(x64, weights[0]), *_float64_gradients(make, shape, weights, x64, dy)]
+    sizes = [forward64(np.abs(x64), np.abs(weights[0])),
+             *_float64_gradients(make, shape, [np.abs(weights[0])], np.abs(x64), np.abs(dy))]
+    u, terms = UNIT_ROUNDOFF[dtype], 2.0**-24 * weights[0].size
+    for got, ref, size in zip(ours, refs, sizes, strict=True):
+        assert np.all(np.abs(got - ref) <= u * np.abs(ref) + terms * size), np.max(np.abs(got - ref) - u * np.abs(ref))
+        once = np64(tf.cast(tf.constant(ref), dtype))
+        assert np.mean(got == once) > 0.99, np.mean(got == once)
+
+
+def test_grouped_convolutions_are_kerass_under_xla_on_a_gpu_with_several_channels_per_group_and_in_float32(
+        monkeypatch):
+    make, shape = GROUPED["5x5_stride2_multiplier2"]
+    layer, x, upstream = _bfloat16_layer(make, shape)
+    assert "DepthwiseConv2dNative" in _op_types(_all_gradients(layer, x, upstream)[1])  # guard: taken here
+    assert "DepthwiseConv2dNative" not in _op_types(_gradients(layer, x, upstream, jit_compile=True)[1])
+    several = keras.layers.Conv2D(16, 3, groups=4, dtype="mixed_bfloat16")  # four input channels per group
+    several.build(shape)
+    several_upstream = tf.ones(several.compute_output_shape(shape))
+    assert "DepthwiseConv2dNative" not in _op_types(_all_gradients(several, x, several_upstream)[1])
+    single = make("float32")
+    single.build(shape)
+    assert "DepthwiseConv2dNative" not in _op_types(_all_gradients(single, tf.cast(x, tf.float32), upstream)[1])
+    monkeypatch.setattr(islands, "cpu_alone", lambda: False)  # a GPU: Keras's grouped convolution
+    assert "DepthwiseConv2dNative" not in _op_types(_all_gradients(layer, x, upstream)[1])
