@@ -1,5 +1,6 @@
 """The convolution-gradient rule: a 16-bit convolution's gradients from float32 kernels where the CPU
-has no 16-bit convolution kernels of its own.
+has no 16-bit convolution kernels of its own; and on a CPU, grouped convolutions with one input channel
+per group run as depthwise ones (the last paragraph).
 
 Without oneDNN's native bfloat16 (TensorFlow's default on AVX2-only CPUs such as AMD Zen 3, or oneDNN
 off), TensorFlow's bfloat16 and float16 convolutions are Eigen's. Their forward kernel is as fast as
